@@ -1,0 +1,54 @@
+"""Reading JSON bodies by hand, so every malformed body is a 400 that says what is wrong."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+
+from app.domain.errors import InvalidInput
+
+
+async def json_object(request: Request, *, empty_ok: bool = False) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        if empty_ok:
+            return {}
+        raise InvalidInput("the request body must be a JSON object")
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"malformed JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    return value
+
+
+def whole_number(value: object, name: str, *, minimum: int = 0) -> int:
+    """An integer (10 or 10.0) not below `minimum`; booleans, fractions and strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{name} must be an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise InvalidInput(f"{name} must be a whole number")
+        value = int(value)
+    if value < minimum:
+        raise InvalidInput(f"{name} must be at least {minimum}")
+    return value
+
+
+def seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{name} must be a number of seconds")
+    if value < 0:
+        raise InvalidInput(f"{name} must not be negative")
+    return float(value)
+
+
+def optional_str(value: object, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{name} must be a string")
+    return value

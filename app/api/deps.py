@@ -1,0 +1,72 @@
+"""Request-scoped helpers: services from app.state, credentials from headers, admin checks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from app.domain.errors import Forbidden, Unauthenticated, UnsupportedMediaType
+from app.runtime import Runtime
+from app.services.auth import tokens_match
+from app.services.delivery import ConsumerCredentials
+from app.store.pagination import Cursor
+
+FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
+
+
+def runtime(request: Request) -> Runtime:
+    rt = request.app.state.runtime
+    assert isinstance(rt, Runtime)
+    return rt
+
+
+RuntimeDep = Annotated[Runtime, Depends(runtime)]
+
+
+def consumer_credentials(
+    channel_id: str,
+    consumer_id: str,
+    channel_token: Annotated[str | None, Header(alias="X-Broker-Channel-Token")] = None,
+    consumer_token: Annotated[str | None, Header(alias="X-Broker-Consumer-Token")] = None,
+) -> ConsumerCredentials:
+    return ConsumerCredentials(channel_id, channel_token, consumer_id, consumer_token)
+
+
+CredentialsDep = Annotated[ConsumerCredentials, Depends(consumer_credentials)]
+
+
+def cursor(next: str | None = None, previous: str | None = None) -> Cursor:
+    return Cursor(next=next or None, previous=None if next else previous or None)
+
+
+CursorDep = Annotated[Cursor, Depends(cursor)]
+
+
+def require_admin(
+    rt: RuntimeDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> None:
+    """With [http] admin-token set, changes to channels, producers and consumers need it."""
+    expected = rt.config.http.admin_token
+    if not expected:
+        return
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise Unauthenticated("this change needs Authorization: Bearer <admin-token>")
+    if not tokens_match(authorization[7:].strip(), expected):
+        raise Forbidden("the admin token does not match")
+
+
+AdminDep = Annotated[None, Depends(require_admin)]
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """The form body of a management PUT; anything but a urlencoded form is a 415."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type != FORM_CONTENT_TYPE:
+        raise UnsupportedMediaType(f"send the fields as {FORM_CONTENT_TYPE}")
+    form = await request.form()
+    return {key: value for key, value in form.items() if isinstance(value, str)}
+
+
+FormDep = Annotated[dict[str, str], Depends(form_fields)]

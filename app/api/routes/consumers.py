@@ -1,0 +1,62 @@
+"""Consumers of a channel: PUT (form), GET, DELETE and the channel's consumer list."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+
+from app.api import views
+from app.api.deps import AdminDep, CursorDep, FormDep, RuntimeDep
+from app.api.routes.stakeholders import UnmodifiedSince
+from app.domain.models import Consumer
+from app.services.admin import ConsumerForm, http_date
+
+router = APIRouter(tags=["management"])
+
+
+def _one(rt: RuntimeDep, item: Consumer, *, with_token: bool = False) -> JSONResponse:
+    body = views.consumer(
+        item, default_ack_wait=rt.config.default_ack_wait_seconds, with_token=with_token
+    )
+    return JSONResponse(body, headers={"Last-Modified": http_date(item.updated_at)})
+
+
+@router.put("/channel/{channel_id}/consumer/{consumer_id}")
+async def put_consumer(
+    channel_id: str,
+    consumer_id: str,
+    rt: RuntimeDep,
+    _: AdminDep,
+    form: FormDep,
+    since: UnmodifiedSince = None,
+) -> JSONResponse:
+    fields = ConsumerForm(
+        token=form.get("token"),
+        name=form.get("name"),
+        callback_url=form.get("callbackUrl"),
+        type=form.get("type"),
+        ack_wait=form.get("ackWait"),
+        max_ack_pending=form.get("maxAckPending"),
+    )
+    item = await rt.admin.put_consumer(channel_id, consumer_id, fields, since)
+    return _one(rt, item, with_token=True)
+
+
+@router.get("/channel/{channel_id}/consumer/{consumer_id}")
+async def get_consumer(channel_id: str, consumer_id: str, rt: RuntimeDep) -> JSONResponse:
+    return _one(rt, await rt.admin.get_consumer(channel_id, consumer_id))
+
+
+@router.delete("/channel/{channel_id}/consumer/{consumer_id}", status_code=204)
+async def delete_consumer(
+    channel_id: str, consumer_id: str, rt: RuntimeDep, _: AdminDep, since: UnmodifiedSince = None
+) -> Response:
+    await rt.admin.delete_consumer(channel_id, consumer_id, since)
+    return Response(status_code=204)
+
+
+@router.get("/channel/{channel_id}/consumers")
+async def list_consumers(channel_id: str, rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
+    page = await rt.admin.list_consumers(channel_id, cursor)
+    urls = [views.consumer_path(channel_id, item.id) for item in page.items]
+    return JSONResponse(views.url_list(f"/channel/{channel_id}/consumers", urls, page))

@@ -1,0 +1,105 @@
+"""Our pull API: batch claims with long polling, and acks (single and batched)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from app.api import views
+from app.api.body import json_object, optional_str, seconds, whole_number
+from app.api.deps import CredentialsDep, RuntimeDep
+from app.domain.errors import InvalidInput
+from app.domain.jobs import AckType
+from app.services.delivery import AckItem, PullRequest
+
+router = APIRouter(tags=["pull"])
+
+PULL_FIELDS = {"batch", "max_bytes", "expires", "no_wait", "incremental_timeout"}
+ACK_FIELDS = {"id", "type", "attempt", "delay", "reason"}
+
+
+def parse_pull(body: dict[str, Any]) -> PullRequest:
+    unknown = set(body) - PULL_FIELDS
+    if unknown:
+        raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
+    no_wait = body.get("no_wait", False)
+    if not isinstance(no_wait, bool):
+        raise InvalidInput("no_wait must be true or false")
+    max_bytes = body.get("max_bytes")
+    return PullRequest(
+        batch=whole_number(body.get("batch", 1), "batch", minimum=1),
+        max_bytes=None if max_bytes is None else whole_number(max_bytes, "max_bytes", minimum=1),
+        expires=seconds(body.get("expires", 30.0), "expires"),
+        no_wait=no_wait,
+        incremental_timeout=whole_number(body.get("incremental_timeout", 0), "incremental_timeout"),
+    )
+
+
+def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
+    unknown = set(body) - ACK_FIELDS
+    if unknown:
+        raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
+    raw_type = body.get("type", "ack")
+    try:
+        kind = AckType(raw_type)
+    except ValueError:
+        raise InvalidInput(f"type must be ack, nak, term or progress, not {raw_type!r}") from None
+    if job_id is None:
+        job_id = whole_number(body.get("id"), "id", minimum=1)
+    attempt = body.get("attempt")
+    delay = body.get("delay")
+    if delay is not None and kind is not AckType.NAK:
+        raise InvalidInput("delay is only allowed with type nak")
+    return AckItem(
+        id=job_id,
+        type=kind,
+        attempt=None if attempt is None else whole_number(attempt, "attempt", minimum=1),
+        delay=None if delay is None else seconds(delay, "delay"),
+        reason=optional_str(body.get("reason"), "reason"),
+    )
+
+
+@router.post("/channel/{channel_id}/consumer/{consumer_id}/pull")
+async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
+    pull_request = parse_pull(await json_object(request, empty_ok=True))
+    result = await rt.delivery.pull(creds, pull_request)
+    return JSONResponse(
+        {"Jobs": [views.pulled_job(j) for j in result.jobs], "Pending": result.pending}
+    )
+
+
+@router.post("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/ack")
+async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Response:
+    body = await json_object(request, empty_ok=True)
+    item = parse_ack(body, job_id=0)
+    outcome = await rt.delivery.ack(creds, job_id, item)
+    if item.type is AckType.PROGRESS:
+        return JSONResponse({"LeaseExpiresAt": views.iso(outcome.lease_expires_at)})
+    return Response(status_code=202)
+
+
+@router.post("/channel/{channel_id}/consumer/{consumer_id}/ack")
+async def ack_many(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
+    body = await json_object(request)
+    acks = body.get("acks")
+    if not isinstance(acks, list) or not all(isinstance(a, dict) for a in acks):
+        raise InvalidInput("acks must be a list of objects")
+    items = [parse_ack(a) for a in acks]
+    outcomes = await rt.delivery.ack_many(creds, items)
+    return JSONResponse(
+        {
+            "Results": [
+                {
+                    "id": o.id,
+                    "status": o.status,
+                    "detail": o.detail,
+                    **(
+                        {"LeaseExpiresAt": views.iso(o.lease_expires_at)} if o.status == 200 else {}
+                    ),
+                }
+                for o in outcomes
+            ]
+        }
+    )

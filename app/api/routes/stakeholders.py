@@ -1,0 +1,68 @@
+"""Producers and channels: PUT (form), GET, and keyset-paginated lists."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from fastapi.responses import JSONResponse
+
+from app.api import views
+from app.api.deps import AdminDep, CursorDep, FormDep, RuntimeDep
+from app.domain.models import Stakeholder
+from app.services.admin import http_date
+
+router = APIRouter(tags=["management"])
+
+UnmodifiedSince = Annotated[str | None, Header(alias="If-Unmodified-Since")]
+
+
+def _one(item: Stakeholder, *, with_token: bool = False) -> JSONResponse:
+    return JSONResponse(
+        views.stakeholder(item, with_token=with_token),
+        headers={"Last-Modified": http_date(item.updated_at)},
+    )
+
+
+@router.put("/producer/{producer_id}")
+async def put_producer(
+    producer_id: str, rt: RuntimeDep, _: AdminDep, form: FormDep, since: UnmodifiedSince = None
+) -> JSONResponse:
+    item = await rt.admin.put_stakeholder(
+        "producer", producer_id, form.get("token"), form.get("name"), since
+    )
+    return _one(item, with_token=True)
+
+
+@router.get("/producer/{producer_id}")
+async def get_producer(producer_id: str, rt: RuntimeDep) -> JSONResponse:
+    return _one(await rt.admin.get_stakeholder("producer", producer_id))
+
+
+@router.get("/producers")
+async def list_producers(rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
+    page = await rt.admin.list_stakeholders("producer", cursor)
+    urls = [f"/producer/{item.id}" for item in page.items]
+    return JSONResponse(views.url_list("/producers", urls, page))
+
+
+@router.put("/channel/{channel_id}")
+async def put_channel(
+    channel_id: str, rt: RuntimeDep, _: AdminDep, form: FormDep, since: UnmodifiedSince = None
+) -> JSONResponse:
+    item = await rt.admin.put_stakeholder(
+        "channel", channel_id, form.get("token"), form.get("name"), since
+    )
+    return _one(item, with_token=True)
+
+
+@router.get("/channel/{channel_id}")
+async def get_channel(channel_id: str, rt: RuntimeDep) -> JSONResponse:
+    return _one(await rt.admin.get_stakeholder("channel", channel_id))
+
+
+@router.get("/channels")
+async def list_channels(rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
+    page = await rt.admin.list_stakeholders("channel", cursor)
+    urls = [f"/channel/{item.id}" for item in page.items]
+    return JSONResponse(views.url_list("/channels", urls, page))

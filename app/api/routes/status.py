@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from app.api.deps import RuntimeDep
+
+router = APIRouter(tags=["status"])
+
+
+@router.get("/_status")
+async def status(rt: RuntimeDep) -> JSONResponse:
+    """Liveness plus database reachability; never reports configuration secrets."""
+    try:
+        async with rt.db.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        database = "ok"
+    except Exception as exc:  # any driver failure means "unreachable" to a health check
+        database = f"unreachable: {type(exc).__name__}"
+    healthy = database == "ok"
+    body = {
+        "status": "ok" if healthy else "degraded",
+        "database": {"dialect": rt.config.database.dialect, "status": database},
+    }
+    return JSONResponse(body, status_code=200 if healthy else 503)

@@ -1,0 +1,138 @@
+"""Domain records to the JSON shapes of the wire contract (PascalCase, as the Go original)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any
+
+from app.domain.models import ClaimedJob, Consumer, Job, Message, Page, Stakeholder
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def page_links(path: str, page: Page[Any]) -> dict[str, str]:
+    links: dict[str, str] = {}
+    if page.next_cursor:
+        links["next"] = f"{path}?next={page.next_cursor}"
+    if page.previous_cursor:
+        links["previous"] = f"{path}?previous={page.previous_cursor}"
+    return links
+
+
+def url_list(path: str, urls: list[str], page: Page[Any]) -> dict[str, Any]:
+    return {"Result": urls, "Pages": page_links(path, page), "Links": {"self": path}}
+
+
+def stakeholder(item: Stakeholder, *, with_token: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"ID": item.id, "Name": item.name, "ChangedAt": iso(item.updated_at)}
+    if with_token:
+        body["Token"] = item.token
+    return body
+
+
+def consumer_path(channel_id: str, consumer_id: str) -> str:
+    return f"/channel/{channel_id}/consumer/{consumer_id}"
+
+
+def consumer(item: Consumer, *, default_ack_wait: int, with_token: bool = False) -> dict[str, Any]:
+    body = stakeholder(
+        Stakeholder(item.id, item.name, item.token, item.created_at, item.updated_at),
+        with_token=with_token,
+    )
+    body.update(
+        {
+            "CallbackURL": item.callback_url,
+            "DeadLetterQueueURL": consumer_path(item.channel_id, item.id) + "/dlq",
+            "Type": item.type.value,
+            "AckWait": item.ack_wait_seconds or default_ack_wait,
+            "MaxAckPending": item.max_ack_pending,
+        }
+    )
+    return body
+
+
+def payload_fields(message: Message) -> dict[str, Any]:
+    """Text payloads as they are; anything not UTF-8 as base64, flagged."""
+    try:
+        return {"Payload": message.payload.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {
+            "Payload": base64.b64encode(message.payload).decode(),
+            "PayloadEncoding": "base64",
+        }
+
+
+def job_message(message: Message) -> dict[str, Any]:
+    return {
+        "MessageID": message.message_id,
+        **payload_fields(message),
+        "ContentType": message.content_type,
+        "Headers": message.headers,
+    }
+
+
+def queued_job(claimed: ClaimedJob) -> dict[str, Any]:
+    return {
+        "ID": str(claimed.job.id),
+        "Priority": claimed.job.priority,
+        "IncrementalTimeout": claimed.job.incremental_timeout,
+        "Message": job_message(claimed.message),
+    }
+
+
+def pulled_job(claimed: ClaimedJob) -> dict[str, Any]:
+    return {
+        "ID": claimed.job.id,
+        "Attempt": claimed.job.attempt,
+        "Priority": claimed.job.priority,
+        "LeaseExpiresAt": iso(claimed.job.lease_expires_at),
+        "Message": job_message(claimed.message),
+    }
+
+
+def job_state(job: Job) -> dict[str, Any]:
+    return {
+        "ID": str(job.id),
+        "Status": job.status.value,
+        "Attempt": job.attempt,
+        "RetryCount": job.retry_count,
+        "Priority": job.priority,
+        "IncrementalTimeout": job.incremental_timeout,
+        "LeaseExpiresAt": iso(job.lease_expires_at),
+        "EarliestNextAttemptAt": iso(job.earliest_next_attempt_at),
+        "StatusChangedAt": iso(job.status_changed_at),
+        "CreatedAt": iso(job.created_at),
+        "DeadReason": job.dead_reason,
+        "LastError": job.last_error,
+    }
+
+
+def message_path(channel_id: str, message_id: str) -> str:
+    return f"/channel/{channel_id}/message/{message_id}"
+
+
+def message(item: Message, jobs: list[tuple[Job, str]]) -> dict[str, Any]:
+    return {
+        "ID": item.message_id,
+        **payload_fields(item),
+        "ContentType": item.content_type,
+        "Priority": item.priority,
+        "ProducedBy": item.producer_id,
+        "ReceivedAt": iso(item.received_at),
+        "Headers": item.headers,
+        "Jobs": [
+            {
+                "ID": str(job.id),
+                "ListenerName": consumer_id,
+                "ConsumerURL": consumer_path(item.channel_id, consumer_id),
+                "Status": job.status.value,
+                "StatusChangedAt": iso(job.status_changed_at),
+                "Attempt": job.attempt,
+                "RetryCount": job.retry_count,
+            }
+            for job, consumer_id in jobs
+        ],
+    }

@@ -1,0 +1,119 @@
+"""`webhook-broker`: one command per process type; each loads config and runs ONE process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from app.config import Config, ConfigError, load_config
+from app.logging import setup_logging
+
+log = logging.getLogger("webhook_broker")
+
+EXIT_CONFIG = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="webhook-broker", description=__doc__)
+    parser.add_argument("--config", help="config file, read after the default locations")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="API + sweeper in one process; migrates and seeds on start")
+    sub.add_parser("api", help="the HTTP API only")
+    sub.add_parser("sweeper", help="the requeue sweeper only")
+    sub.add_parser("migrate", help="migrate the database to the newest schema and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"webhook-broker: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(config.log)
+    if args.command == "migrate":
+        migrate(config)
+        return 0
+    if args.command == "sweeper":
+        return asyncio.run(run_sweeper(config))
+    if args.command == "serve":
+        migrate(config)
+    return run_api(config, with_sweeper=args.command == "serve")
+
+
+def migrate(config: Config) -> None:
+    from app.store.migrate import upgrade
+
+    upgrade(config.database)
+    log.info("database migrated to the newest schema")
+
+
+def run_api(config: Config, *, with_sweeper: bool) -> int:
+    import uvicorn
+
+    from app.api.app import create_app
+    from app.runtime import Runtime
+
+    runtime = Runtime(config, run_sweeper=with_sweeper)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            # Waiting long polls return now, so draining in-flight requests ends promptly.
+            runtime.delivery.drain()
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    app = create_app(config, runtime)
+    original = app.router.lifespan_context
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(a: object):  # type: ignore[no-untyped-def]
+        try:
+            await runtime.start()
+        except Exception as exc:
+            log.error("start failed: %s", exc)
+            raise
+        try:
+            async with original(app):
+                yield
+        finally:
+            await runtime.stop()
+
+    app.router.lifespan_context = lifespan
+    server = Server(
+        uvicorn.Config(
+            app,
+            host=config.http.host,
+            port=config.http.port,
+            log_config=None,
+            timeout_graceful_shutdown=config.http.write_timeout,
+            lifespan="on",
+        )
+    )
+    server.run()
+    return 0 if server.started else 1
+
+
+async def run_sweeper(config: Config) -> int:
+    from app.runtime import Runtime
+
+    runtime = Runtime(config, run_sweeper=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runtime.start(seed=False)
+    log.info("sweeper running every %ss", config.broker.rational_delay_seconds)
+    await stop.wait()
+    await runtime.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""Domain errors. They carry meaning only; each entry point maps them to its own status codes."""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Base of every error the broker reports to a client."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFound(BrokerError):
+    """The named channel, producer, consumer, message or job does not exist."""
+
+
+class Unauthenticated(BrokerError):
+    """The caller named a principal that does not exist, or gave no credentials."""
+
+
+class Forbidden(BrokerError):
+    """The caller's token does not match."""
+
+
+class InvalidInput(BrokerError):
+    """The request is malformed or breaks a documented rule."""
+
+
+class InvalidTransition(InvalidInput):
+    """The job state machine does not allow the requested move."""
+
+
+class Conflict(BrokerError):
+    """The request collides with existing state (duplicate id, lost race, stale attempt)."""
+
+
+class PreconditionFailed(BrokerError):
+    """A conditional request's precondition (If-Unmodified-Since, consumer type) does not hold."""
+
+
+class PayloadTooLarge(BrokerError):
+    """The message body is larger than the configured limit."""
+
+
+class UnsupportedMediaType(BrokerError):
+    """The request body has a content type this endpoint does not read."""
+
+
+class TooManyWaiting(Conflict):
+    """More pull requests are waiting on a consumer than max-waiting allows."""

@@ -1,0 +1,88 @@
+"""The job state machine and the retry policy, free of I/O."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.domain.errors import InvalidInput, InvalidTransition
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "QUEUED"
+    INFLIGHT = "INFLIGHT"
+    DELIVERED = "DELIVERED"
+    DEAD = "DEAD"
+
+
+class AckType(enum.StrEnum):
+    ACK = "ack"
+    NAK = "nak"
+    TERM = "term"
+    PROGRESS = "progress"
+
+
+# Moves a pull consumer may request through the seed API (`NextState`).
+SEED_TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
+    {
+        (JobStatus.QUEUED, JobStatus.INFLIGHT),
+        (JobStatus.INFLIGHT, JobStatus.DELIVERED),
+        (JobStatus.INFLIGHT, JobStatus.DEAD),
+        (JobStatus.DEAD, JobStatus.INFLIGHT),
+    }
+)
+
+
+def parse_next_state(value: object) -> JobStatus:
+    if not isinstance(value, str):
+        raise InvalidInput("NextState must be one of INFLIGHT, DELIVERED, DEAD")
+    try:
+        status = JobStatus(value)
+    except ValueError:
+        raise InvalidInput(f"unknown NextState {value!r}") from None
+    if status is JobStatus.QUEUED:
+        raise InvalidInput("NextState must be one of INFLIGHT, DELIVERED, DEAD")
+    return status
+
+
+def check_seed_transition(
+    current: JobStatus, target: JobStatus, incremental_timeout: int | None
+) -> bool:
+    """Validate a seed-API move; False means "already there, change nothing"."""
+    if incremental_timeout is not None and not (
+        target is JobStatus.INFLIGHT and current in (JobStatus.QUEUED, JobStatus.DEAD)
+    ):
+        raise InvalidInput(
+            "IncrementalTimeout is only allowed when moving a QUEUED or DEAD job to INFLIGHT"
+        )
+    if current is target:
+        return False
+    if (current, target) not in SEED_TRANSITIONS:
+        raise InvalidTransition(f"a job cannot move from {current} to {target}")
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How failures are retried: `max_retry` retries, delays from `backoff_delays` (seconds)."""
+
+    max_retry: int
+    backoff_delays: tuple[int, ...]
+
+    def backoff(self, retry: int) -> int:
+        """Delay before the `retry`-th retry (1-based)."""
+        return backoff_seconds(self.backoff_delays, retry)
+
+    def exhausted(self, retries_so_far: int) -> bool:
+        return retries_so_far >= self.max_retry
+
+
+def backoff_seconds(delays: Sequence[int], retry: int) -> int:
+    """D[k-1] while k < len(D), then grow linearly by the last delay (5,30,60 -> 5,30,60,120...)."""
+    if retry < 1:
+        return 0
+    last = len(delays)
+    if retry < last:
+        return delays[retry - 1]
+    return (retry - last + 1) * delays[last - 1]

@@ -1,0 +1,92 @@
+"""Frozen domain records handed between layers (no SQLAlchemy in here)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, TypeVar
+
+from app.domain.jobs import JobStatus
+
+T = TypeVar("T")
+
+
+class ConsumerType(enum.StrEnum):
+    PUSH = "push"
+    PULL = "pull"
+
+
+@dataclass(frozen=True, slots=True)
+class Stakeholder:
+    """A channel or a producer: a public id, a display name and a secret token."""
+
+    id: str
+    name: str
+    token: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    pk: int
+    id: str
+    channel_id: str
+    name: str
+    token: str
+    callback_url: str
+    type: ConsumerType
+    ack_wait_seconds: int | None
+    max_ack_pending: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    pk: int
+    channel_id: str
+    message_id: str
+    producer_id: str
+    payload: bytes
+    content_type: str
+    priority: int
+    headers: dict[str, str]
+    received_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: int
+    message_pk: int
+    consumer_pk: int
+    status: JobStatus
+    priority: int
+    attempt: int
+    retry_count: int
+    incremental_timeout: int
+    lease_expires_at: datetime | None
+    earliest_next_attempt_at: datetime
+    status_changed_at: datetime
+    created_at: datetime
+    dead_reason: str | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job leased to a puller, with the message it carries."""
+
+    job: Job
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a keyset-paginated list; cursors are opaque strings."""
+
+    items: list[T]
+    next_cursor: str | None = None
+    previous_cursor: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)

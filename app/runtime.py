@@ -1,0 +1,80 @@
+"""The composition root: builds the database, wake-up plumbing and services for one process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from app.config import Config
+from app.services.admin import AdminService
+from app.services.delivery import DeliveryService, PullLimits
+from app.services.messages import MessageQueries
+from app.services.publishing import PublishingService
+from app.services.seeding import apply_seed
+from app.services.sweeping import SweepService
+from app.store.db import Database
+from app.store.listener import NotifyListener
+from app.store.signals import Signals
+from app.sweeper.runner import Sweeper
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    """Everything one process shares across requests; started and stopped exactly once."""
+
+    config: Config
+    run_sweeper: bool = False
+    signals: Signals = field(default_factory=Signals)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        config = self.config
+        self.db = Database.from_config(config.database, waker=self.signals)
+        self.admin = AdminService(self.db)
+        self.publishing = PublishingService(self.db, config.broker.max_message_size_bytes)
+        self.messages = MessageQueries(self.db)
+        self.delivery = DeliveryService(
+            self.db,
+            self.signals,
+            config.broker.retry_policy,
+            config.default_ack_wait_seconds,
+            PullLimits(
+                max_batch=config.pull.max_batch,
+                max_expires_seconds=config.pull.max_expires_seconds,
+                max_waiting=config.pull.max_waiting,
+            ),
+        )
+        self.sweeps = SweepService(
+            self.db, config.broker.retry_policy, config.pull.sweep_batch_size
+        )
+        self.listener: NotifyListener | None = None
+
+    async def start(self, *, seed: bool = True) -> None:
+        if seed:
+            await apply_seed(self.db, self.config.seed)
+        if self.config.database.dialect == "postgresql":
+            self.listener = NotifyListener(self.config.database.connection_url, self.signals)
+            self._spawn(self.listener.run(self._stop), "notify-listener")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.listener.ready.wait(), timeout=10)
+        if self.run_sweeper:
+            sweeper = Sweeper(self.sweeps, self.config.broker.rational_delay_seconds)
+            self._spawn(sweeper.run(self._stop), "sweeper")
+
+    def _spawn(self, coro: object, name: str) -> None:
+        assert asyncio.iscoroutine(coro)
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=10)
+            for task in pending:
+                task.cancel()
+            self._tasks.clear()
+        await self.db.dispose()

@@ -1,0 +1,179 @@
+"""Registering channels, producers and consumers (the management API)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import format_datetime
+from urllib.parse import urlparse
+
+from app.domain.errors import InvalidInput, NotFound, PreconditionFailed
+from app.domain.models import Consumer, ConsumerType, Page, Stakeholder
+from app.store.db import Database, Tx
+from app.store.pagination import Cursor
+from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
+
+PAGE_SIZE = 25
+
+
+def http_date(moment: datetime) -> str:
+    """The Last-Modified form of a timestamp (whole seconds, GMT)."""
+    return format_datetime(moment.astimezone(UTC).replace(microsecond=0), usegmt=True)
+
+
+def check_unmodified_since(current: datetime, header: str | None) -> None:
+    """Updating an existing object needs If-Unmodified-Since equal to its Last-Modified."""
+    if not header:
+        raise InvalidInput("updating an existing object needs an If-Unmodified-Since header")
+    if header.strip() != http_date(current):
+        raise PreconditionFailed("the object was modified since If-Unmodified-Since")
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerForm:
+    token: str | None
+    name: str | None
+    callback_url: str | None
+    type: str | None
+    ack_wait: str | None = None
+    max_ack_pending: str | None = None
+
+
+def is_absolute_url(url: str) -> bool:
+    parsed = urlparse(url)
+    return parsed.scheme in ("http", "https") and bool(parsed.netloc)
+
+
+def parse_consumer_type(raw: str | None) -> ConsumerType:
+    if not raw:
+        return ConsumerType.PUSH
+    try:
+        return ConsumerType(raw.strip().lower())
+    except ValueError:
+        raise InvalidInput(f"type must be push or pull, not {raw!r}") from None
+
+
+def _optional_positive(name: str, raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be a positive integer") from None
+    if value < 1:
+        raise InvalidInput(f"{name} must be a positive integer")
+    return value
+
+
+class AdminService:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def put_stakeholder(
+        self,
+        kind: str,
+        id_: str,
+        token: str | None,
+        name: str | None,
+        if_unmodified_since: str | None,
+    ) -> Stakeholder:
+        """Create or conditionally update a channel or producer."""
+        async with self._db.transaction() as tx:
+            store = self._store(kind, tx)
+            existing = await store.get(id_, for_update=True)
+            if existing is not None:
+                check_unmodified_since(existing.updated_at, if_unmodified_since)
+                return await store.update(id_, name or id_, token or new_token(), utcnow())
+            created = await store.insert(id_, name or id_, token or new_token(), utcnow())
+            if created is None:
+                raise PreconditionFailed(f"{kind} {id_!r} was created by another request")
+            return created
+
+    async def get_stakeholder(self, kind: str, id_: str) -> Stakeholder:
+        async with self._db.transaction() as tx:
+            found = await self._store(kind, tx).get(id_)
+        if found is None:
+            raise NotFound(f"{kind} {id_!r} not found")
+        return found
+
+    async def list_stakeholders(self, kind: str, cursor: Cursor) -> Page[Stakeholder]:
+        async with self._db.transaction() as tx:
+            return await self._store(kind, tx).list(cursor, PAGE_SIZE)
+
+    @staticmethod
+    def _store(kind: str, tx: Tx) -> StakeholderStore:
+        return channels(tx) if kind == "channel" else producers(tx)
+
+    async def put_consumer(
+        self, channel_id: str, consumer_id: str, form: ConsumerForm, if_unmodified_since: str | None
+    ) -> Consumer:
+        consumer_type = parse_consumer_type(form.type)
+        url = (form.callback_url or "").strip()
+        if url and not is_absolute_url(url):
+            raise InvalidInput("callbackUrl must be an absolute http(s) URL")
+        if consumer_type is ConsumerType.PUSH and not url:
+            raise InvalidInput("a push consumer needs an absolute callbackUrl")
+        values = {
+            "name": form.name or consumer_id,
+            "token": form.token or new_token(),
+            "callback_url": url,
+            "type": consumer_type.value,
+            "ack_wait_seconds": _optional_positive("ackWait", form.ack_wait),
+            "max_ack_pending": _optional_positive("maxAckPending", form.max_ack_pending),
+            "updated_at": utcnow(),
+        }
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(channel_id) is None:
+                raise NotFound(f"channel {channel_id!r} not found")
+            store = ConsumerStore(tx)
+            existing = await store.get(channel_id, consumer_id, for_update=True)
+            if existing is not None:
+                check_unmodified_since(existing.updated_at, if_unmodified_since)
+                updated = await store.update(existing.pk, values)
+                # Queued jobs may now be claimable by a different kind of worker.
+                tx.announce([updated.pk])
+                return updated
+            created = await store.insert(
+                {
+                    **values,
+                    "channel_id": channel_id,
+                    "consumer_id": consumer_id,
+                    "created_at": values["updated_at"],
+                }
+            )
+            if created is None:
+                raise PreconditionFailed(f"consumer {consumer_id!r} was created by another request")
+            return created
+
+    async def get_consumer(self, channel_id: str, consumer_id: str) -> Consumer:
+        async with self._db.transaction() as tx:
+            found = await ConsumerStore(tx).get(channel_id, consumer_id)
+        if found is None:
+            raise NotFound(f"consumer {consumer_id!r} not found in channel {channel_id!r}")
+        return found
+
+    async def delete_consumer(
+        self, channel_id: str, consumer_id: str, if_unmodified_since: str | None
+    ) -> None:
+        async with self._db.transaction() as tx:
+            store = ConsumerStore(tx)
+            existing = await store.get(channel_id, consumer_id, for_update=True)
+            if existing is None:
+                raise NotFound(f"consumer {consumer_id!r} not found in channel {channel_id!r}")
+            check_unmodified_since(existing.updated_at, if_unmodified_since)
+            await store.delete(existing.pk)
+
+    async def list_consumers(self, channel_id: str, cursor: Cursor) -> Page[Consumer]:
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(channel_id) is None:
+                raise NotFound(f"channel {channel_id!r} not found")
+            return await ConsumerStore(tx).list(channel_id, cursor, PAGE_SIZE)

@@ -1,0 +1,40 @@
+"""Reading messages and their jobs (no tokens ever leave through here)."""
+
+from __future__ import annotations
+
+from app.domain.errors import NotFound
+from app.domain.models import Job, Message, Page
+from app.store.db import Database
+from app.store.jobs import JobStore
+from app.store.messages import MessageStore
+from app.store.pagination import Cursor
+from app.store.stakeholders import ConsumerStore, channels
+
+PAGE_SIZE = 25
+
+
+class MessageQueries:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def list(self, channel_id: str, cursor: Cursor) -> Page[Message]:
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(channel_id) is None:
+                raise NotFound(f"channel {channel_id!r} not found")
+            return await MessageStore(tx).list(channel_id, cursor, PAGE_SIZE)
+
+    async def get(self, channel_id: str, message_id: str) -> tuple[Message, list[tuple[Job, str]]]:
+        """The message and its jobs, each with the id of the consumer it belongs to."""
+        async with self._db.transaction() as tx:
+            found = await MessageStore(tx).get(channel_id, message_id)
+            if found is None:
+                raise NotFound(f"message {message_id!r} not found in channel {channel_id!r}")
+            jobs = await JobStore(tx).for_message(found.pk)
+            consumers = {c.pk: c.id for c in await ConsumerStore(tx).for_channel(channel_id)}
+        return found, [(j, consumers.get(j.consumer_pk, "")) for j in jobs]
+
+    async def status_counts(self, channel_id: str) -> dict[str, int]:
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(channel_id) is None:
+                raise NotFound(f"channel {channel_id!r} not found")
+            return await MessageStore(tx).job_counts(channel_id)

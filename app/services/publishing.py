@@ -1,0 +1,89 @@
+"""Publishing: a message and its fan-out of jobs land in one transaction, or not at all."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from app.domain.errors import InvalidInput, PayloadTooLarge
+from app.domain.models import Message
+from app.services.auth import channel_with_token, producer_with_token
+from app.store.db import Database
+from app.store.messages import MessageStore
+
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Broadcast:
+    """What a producer sent: credentials, the raw body and the X-Broker-* headers."""
+
+    channel_token: str | None
+    producer_id: str | None
+    producer_token: str | None
+    payload: bytes
+    content_type: str | None
+    priority: str | None
+    message_id: str | None
+    metadata_header_names: str | None
+    headers: Mapping[str, str]
+
+
+def parse_priority(raw: str | None) -> int:
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise InvalidInput("X-Broker-Message-Priority must be an integer") from None
+
+
+def metadata_headers(names: str | None, headers: Mapping[str, str]) -> dict[str, str]:
+    """The request headers named in X-Broker-Metadata-Headers, as sent."""
+    if not names:
+        return {}
+    picked: dict[str, str] = {}
+    for raw in names.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        if not _HEADER_NAME.match(name):
+            raise InvalidInput(f"X-Broker-Metadata-Headers names an invalid header {name!r}")
+        value = headers.get(name)
+        if value:
+            picked[name] = value
+    return picked
+
+
+class PublishingService:
+    def __init__(self, db: Database, max_message_size: int) -> None:
+        self._db = db
+        self._max_size = max_message_size
+
+    async def publish(self, channel_id: str, request: Broadcast) -> Message:
+        async with self._db.transaction() as tx:
+            await channel_with_token(tx, channel_id, request.channel_token)
+            producer = await producer_with_token(tx, request.producer_id, request.producer_token)
+            if not request.payload:
+                raise InvalidInput("the message body must not be empty")
+            if len(request.payload) > self._max_size:
+                raise PayloadTooLarge(
+                    f"the body is {len(request.payload)} bytes; the limit is {self._max_size}"
+                )
+            message_id = (request.message_id or "").strip() or uuid.uuid4().hex
+            if len(message_id) > 255:
+                raise InvalidInput("X-Broker-Message-ID must be at most 255 characters")
+            message, consumer_pks = await MessageStore(tx).publish(
+                channel_id=channel_id,
+                message_id=message_id,
+                producer_id=producer.id,
+                payload=request.payload,
+                content_type=(request.content_type or "").strip() or DEFAULT_CONTENT_TYPE,
+                priority=parse_priority(request.priority),
+                headers=metadata_headers(request.metadata_header_names, request.headers),
+            )
+            tx.announce(consumer_pks)
+        return message

@@ -1,0 +1,30 @@
+"""The requeue sweep: expired leases go back to the queue, or to the dead letters."""
+
+from __future__ import annotations
+
+from app.domain.jobs import RetryPolicy
+from app.store.db import Database
+from app.store.jobs import JobStore
+
+
+class SweepService:
+    def __init__(self, db: Database, policy: RetryPolicy, batch_size: int) -> None:
+        self._db = db
+        self._policy = policy
+        self._batch = batch_size
+
+    async def sweep_once(self) -> int:
+        """Sweep one bounded batch; returns how many jobs it moved."""
+        async with self._db.transaction() as tx:
+            moved = await JobStore(tx).requeue_expired(self._policy, self._batch)
+            tx.announce({j.consumer_pk for j in moved})
+        return len(moved)
+
+    async def sweep_all(self) -> int:
+        """Sweep batch after batch until no expired lease is left."""
+        total = 0
+        while True:
+            moved = await self.sweep_once()
+            total += moved
+            if moved < self._batch:
+                return total

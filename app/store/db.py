@@ -1,0 +1,119 @@
+"""Engine, transactions and the dialect-specific time arithmetic used by every store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from app.config import DatabaseConfig
+
+NOTIFY_CHANNEL = "webhook_broker_jobs"
+
+
+class Waker(Protocol):
+    """Wakes local waiters of the given consumers (long polls, dispatchers)."""
+
+    def wake(self, consumer_pks: Iterable[int]) -> None: ...
+
+
+class Tx:
+    """One open transaction, plus the consumers whose queues it changed."""
+
+    def __init__(self, conn: AsyncConnection, dialect: str) -> None:
+        self.conn = conn
+        self.dialect = dialect
+        self.announced: set[int] = set()
+
+    def announce(self, consumer_pks: Iterable[int]) -> None:
+        """Wake waiters of these consumers once this transaction commits."""
+        self.announced.update(consumer_pks)
+
+
+class Database:
+    """The engine and the one way services open transactions."""
+
+    def __init__(self, engine: AsyncEngine, dialect: str, waker: Waker | None = None) -> None:
+        self.engine = engine
+        self.dialect = dialect
+        self.waker = waker
+
+    @classmethod
+    def from_config(cls, config: DatabaseConfig, waker: Waker | None = None) -> Database:
+        return cls(create_engine(config), config.dialect, waker)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        async with self.engine.begin() as conn:
+            tx = Tx(conn, self.dialect)
+            yield tx
+            if tx.announced and self.dialect == "postgresql":
+                # NOTIFY is delivered at commit, so a listener never sees uncommitted jobs.
+                await conn.execute(
+                    text("SELECT pg_notify(:channel, :payload)"),
+                    {"channel": NOTIFY_CHANNEL, "payload": _payload(tx.announced)},
+                )
+        if tx.announced and self.waker is not None:
+            self.waker.wake(tx.announced)
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+def _payload(consumer_pks: set[int]) -> str:
+    return ",".join(str(pk) for pk in sorted(consumer_pks))
+
+
+def create_engine(config: DatabaseConfig) -> AsyncEngine:
+    if config.dialect == "sqlite":
+        # One connection serialises SQLite access in this process; BEGIN IMMEDIATE takes the
+        # write lock up front so other processes wait (busy_timeout) instead of failing on upgrade.
+        engine = create_async_engine(config.sqlalchemy_url, pool_size=1, max_overflow=0)
+        event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+        event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
+        return engine
+    return create_async_engine(
+        config.sqlalchemy_url,
+        pool_size=config.pool_size,
+        max_overflow=config.max_overflow,
+        pool_recycle=config.pool_recycle_seconds or -1,
+        pool_pre_ping=True,
+    )
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def _sqlite_on_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def now(dialect: str) -> ColumnElement[Any]:
+    """The database clock: timestamptz on PostgreSQL, epoch seconds on SQLite."""
+    if dialect == "sqlite":
+        return literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+    return func.now()
+
+
+def plus_seconds(
+    dialect: str, moment: ColumnElement[Any], seconds: ColumnElement[Any] | int | float
+) -> ColumnElement[Any]:
+    if dialect == "sqlite":
+        return moment + seconds
+    return moment + cast(seconds, Float) * literal_column("interval '1 second'")
+
+
+def dialect_name(dialect: Dialect) -> str:
+    return "sqlite" if dialect.name == "sqlite" else "postgresql"

@@ -1,0 +1,405 @@
+"""Delivery jobs: the claim, transition and sweep statements every entry point shares.
+
+Every state change below is ONE conditional UPDATE (`... WHERE status = :from ... RETURNING`):
+when two callers race, the database lets exactly one row change and the loser sees no row.
+Times come from the database clock (`now()`), never from the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    and_,
+    case,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+
+from app.domain.errors import InvalidInput
+from app.domain.jobs import JobStatus, RetryPolicy
+from app.domain.models import ClaimedJob, Job, Message, Page
+from app.store.db import Tx, now, plus_seconds
+from app.store.messages import message_from_row
+from app.store.pagination import Cursor, decode_cursor, encode_cursor
+from app.store.schema import consumer, job, message
+
+QUEUED = JobStatus.QUEUED.value
+INFLIGHT = JobStatus.INFLIGHT.value
+DELIVERED = JobStatus.DELIVERED.value
+DEAD = JobStatus.DEAD.value
+
+
+def job_from_row(row: Row[Any]) -> Job:
+    return Job(
+        id=row.id,
+        message_pk=row.message_pk,
+        consumer_pk=row.consumer_pk,
+        status=JobStatus(row.status),
+        priority=row.priority,
+        attempt=row.attempt,
+        retry_count=row.retry_count,
+        incremental_timeout=row.incremental_timeout,
+        lease_expires_at=row.lease_expires_at,
+        earliest_next_attempt_at=row.earliest_next_attempt_at,
+        status_changed_at=row.status_changed_at,
+        created_at=row.created_at,
+        dead_reason=row.dead_reason,
+        last_error=row.last_error,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    due: int
+    due_bytes: int
+    next_due_at: datetime | None
+    inflight: int
+
+
+def backoff_expr(policy: RetryPolicy, retry: ColumnElement[Any]) -> ColumnElement[Any]:
+    """SQL form of RetryPolicy.backoff for the retry number `retry` (1-based)."""
+    delays = policy.backoff_delays
+    last = len(delays)
+    linear = (retry - last + 1) * delays[-1]
+    if last == 1:
+        return linear
+    early = case({k: delays[k - 1] for k in range(1, last)}, value=retry, else_=delays[0])
+    return case((retry < last, early), else_=linear)
+
+
+class JobStore:
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+        self._now = now(tx.dialect)
+
+    def _lease(self, seconds: ColumnElement[Any] | int | float) -> ColumnElement[Any]:
+        return plus_seconds(self._tx.dialect, self._now, seconds)
+
+    # -- claim ---------------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        consumer_pk: int,
+        *,
+        limit: int,
+        ack_wait: int,
+        incremental_timeout: int = 0,
+        max_bytes: int | None = None,
+        max_ack_pending: int | None = None,
+    ) -> list[ClaimedJob]:
+        """Lease up to `limit` due jobs, highest priority first, oldest first within a priority."""
+        if max_ack_pending is not None:
+            limit = min(limit, max_ack_pending - await self._inflight_locked(consumer_pk))
+        if limit <= 0:
+            return []
+        due = (
+            select(job.c.id, job.c.payload_size)
+            .where(
+                job.c.consumer_pk == consumer_pk,
+                job.c.status == QUEUED,
+                job.c.earliest_next_attempt_at <= self._now,
+            )
+            .order_by(job.c.priority.desc(), job.c.id)
+            .limit(limit)
+            # SKIP LOCKED: concurrent pullers of one consumer take disjoint rows, never block.
+            .with_for_update(skip_locked=True)
+        )
+        if max_bytes is None:
+            chosen: ColumnElement[Any] = job.c.id.in_(
+                due.with_only_columns(job.c.id).scalar_subquery()
+            )
+        else:
+            ids = _within_bytes((await self._tx.conn.execute(due)).all(), max_bytes)
+            if not ids:
+                return []
+            chosen = job.c.id.in_(ids)
+        claim_jobs = (
+            update(job)
+            .where(chosen, job.c.status == QUEUED)
+            .values(
+                status=INFLIGHT,
+                attempt=job.c.attempt + 1,
+                incremental_timeout=incremental_timeout,
+                lease_expires_at=self._lease(ack_wait + incremental_timeout),
+                claimed_at=self._now,
+                status_changed_at=self._now,
+            )
+            .returning(*job.c)
+        )
+        jobs = [job_from_row(row) for row in await self._tx.conn.execute(claim_jobs)]
+        jobs.sort(key=lambda j: (-j.priority, j.id))
+        messages = await self._messages({j.message_pk for j in jobs})
+        return [ClaimedJob(j, messages[j.message_pk]) for j in jobs]
+
+    async def _inflight_locked(self, consumer_pk: int) -> int:
+        """In-flight count under the consumer row's lock, so max-ack-pending holds under races."""
+        await self._tx.conn.execute(
+            select(consumer.c.pk).where(consumer.c.pk == consumer_pk).with_for_update()
+        )
+        count = select(func.count()).where(
+            job.c.consumer_pk == consumer_pk, job.c.status == INFLIGHT
+        )
+        return int((await self._tx.conn.execute(count)).scalar_one())
+
+    async def _messages(self, pks: Iterable[int]) -> dict[int, Message]:
+        pks = list(pks)
+        if not pks:
+            return {}
+        rows = await self._tx.conn.execute(select(message).where(message.c.pk.in_(pks)))
+        return {row.pk: message_from_row(row) for row in rows}
+
+    async def stats(self, consumer_pk: int) -> QueueStats:
+        """Due queued jobs (count and bytes), when the next one falls due, and in-flight count."""
+        is_due = job.c.earliest_next_attempt_at <= self._now
+        queued = job.c.status == QUEUED
+        query = select(
+            func.count().filter(queued, is_due),
+            func.coalesce(func.sum(job.c.payload_size).filter(queued, is_due), 0),
+            func.min(job.c.earliest_next_attempt_at).filter(queued),
+            func.count().filter(job.c.status == INFLIGHT),
+        ).where(job.c.consumer_pk == consumer_pk, job.c.status.in_((QUEUED, INFLIGHT)))
+        due, due_bytes, next_due, inflight = (await self._tx.conn.execute(query)).one()
+        return QueueStats(int(due), int(due_bytes), next_due, int(inflight))
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def get(self, job_id: int, consumer_pk: int | None = None) -> Job | None:
+        query = select(job).where(job.c.id == job_id)
+        if consumer_pk is not None:
+            query = query.where(job.c.consumer_pk == consumer_pk)
+        row = (await self._tx.conn.execute(query)).first()
+        return job_from_row(row) if row else None
+
+    async def many(self, job_ids: Sequence[int], consumer_pk: int) -> list[Job]:
+        query = select(job).where(job.c.id.in_(job_ids), job.c.consumer_pk == consumer_pk)
+        return [job_from_row(row) for row in await self._tx.conn.execute(query)]
+
+    async def get_with_message(self, job_id: int, consumer_pk: int) -> ClaimedJob | None:
+        found = await self.get(job_id, consumer_pk)
+        if found is None:
+            return None
+        messages = await self._messages([found.message_pk])
+        return ClaimedJob(found, messages[found.message_pk])
+
+    async def for_message(self, message_pk: int) -> list[Job]:
+        rows = await self._tx.conn.execute(
+            select(job).where(job.c.message_pk == message_pk).order_by(job.c.id)
+        )
+        return [job_from_row(row) for row in rows]
+
+    async def queued(self, consumer_pk: int, cursor: Cursor, limit: int) -> Page[ClaimedJob]:
+        """Due queued jobs in delivery order, keyset-paginated on (priority desc, id)."""
+        query = select(job).where(
+            job.c.consumer_pk == consumer_pk,
+            job.c.status == QUEUED,
+            job.c.earliest_next_attempt_at <= self._now,
+        )
+        if cursor.next is not None:
+            priority, last_id = _split_key(decode_cursor(cursor.next))
+            query = query.where(
+                or_(
+                    job.c.priority < priority,
+                    and_(job.c.priority == priority, job.c.id > last_id),
+                )
+            )
+        query = query.order_by(job.c.priority.desc(), job.c.id).limit(limit + 1)
+        rows = (await self._tx.conn.execute(query)).all()
+        jobs = [job_from_row(row) for row in rows[:limit]]
+        messages = await self._messages({j.message_pk for j in jobs})
+        next_cursor = None
+        if len(rows) > limit and jobs:
+            next_cursor = encode_cursor(f"{jobs[-1].priority}:{jobs[-1].id}")
+        return Page([ClaimedJob(j, messages[j.message_pk]) for j in jobs], next_cursor)
+
+    async def dead(self, consumer_pk: int, cursor: Cursor, limit: int) -> Page[Job]:
+        query = select(job).where(job.c.consumer_pk == consumer_pk, job.c.status == DEAD)
+        if cursor.next is not None:
+            query = query.where(job.c.id > int(decode_cursor(cursor.next) or 0))
+        rows = (await self._tx.conn.execute(query.order_by(job.c.id).limit(limit + 1))).all()
+        jobs = [job_from_row(row) for row in rows[:limit]]
+        next_cursor = encode_cursor(jobs[-1].id) if len(rows) > limit and jobs else None
+        return Page(jobs, next_cursor)
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    async def _transition(
+        self, where: Sequence[ColumnElement[bool]], values: dict[str, Any]
+    ) -> list[Job]:
+        values.setdefault("status_changed_at", self._now)
+        query = update(job).where(*where).values(**values).returning(*job.c)
+        return [job_from_row(row) for row in await self._tx.conn.execute(query)]
+
+    async def start(
+        self,
+        job_id: int,
+        consumer_pk: int,
+        from_status: JobStatus,
+        *,
+        ack_wait: int,
+        incremental_timeout: int,
+    ) -> Job | None:
+        """Seed API: QUEUED or DEAD -> INFLIGHT (from DEAD counts as a retry)."""
+        values: dict[str, Any] = {
+            "status": INFLIGHT,
+            "attempt": job.c.attempt + 1,
+            "incremental_timeout": incremental_timeout,
+            "lease_expires_at": self._lease(ack_wait + incremental_timeout),
+            "claimed_at": self._now,
+        }
+        if from_status is JobStatus.DEAD:
+            values["retry_count"] = job.c.retry_count + 1
+            values["dead_reason"] = None
+        found = await self._transition(
+            [
+                job.c.id == job_id,
+                job.c.consumer_pk == consumer_pk,
+                job.c.status == from_status.value,
+            ],
+            values,
+        )
+        return found[0] if found else None
+
+    async def complete(
+        self,
+        consumer_pk: int,
+        targets: Sequence[tuple[int, int | None]],
+        status: JobStatus,
+        reason: str | None = None,
+    ) -> list[Job]:
+        """INFLIGHT -> DELIVERED or DEAD for (job id, attempt or None) pairs of one consumer."""
+        values: dict[str, Any] = {"status": status.value, "lease_expires_at": None}
+        if status is JobStatus.DEAD:
+            values["dead_reason"] = reason
+        return await self._transition(self._inflight(consumer_pk, targets), values)
+
+    async def fail(
+        self,
+        consumer_pk: int,
+        targets: Sequence[tuple[int, int | None]],
+        policy: RetryPolicy,
+        *,
+        delay: float | None = None,
+        reason: str,
+    ) -> list[Job]:
+        """INFLIGHT -> QUEUED, retry + 1, due after `delay` or the backoff; DEAD when exhausted."""
+        return await self._transition(
+            self._inflight(consumer_pk, targets), self._failure_values(policy, delay, reason)
+        )
+
+    def _failure_values(
+        self, policy: RetryPolicy, delay: float | None, reason: str
+    ) -> dict[str, Any]:
+        exhausted = job.c.retry_count >= policy.max_retry
+        wait: ColumnElement[Any] | float = (
+            backoff_expr(policy, job.c.retry_count + 1) if delay is None else delay
+        )
+        return {
+            "status": case((exhausted, literal(DEAD)), else_=literal(QUEUED)),
+            "retry_count": case((exhausted, job.c.retry_count), else_=job.c.retry_count + 1),
+            "earliest_next_attempt_at": case(
+                (exhausted, job.c.earliest_next_attempt_at), else_=self._lease(wait)
+            ),
+            "dead_reason": case((exhausted, literal(reason)), else_=job.c.dead_reason),
+            "lease_expires_at": None,
+        }
+
+    async def extend(
+        self, consumer_pk: int, targets: Sequence[tuple[int, int | None]], ack_wait: int
+    ) -> list[Job]:
+        """In progress: push the lease forward by the ack wait from now."""
+        return await self._transition(
+            self._inflight(consumer_pk, targets),
+            {
+                "lease_expires_at": self._lease(ack_wait),
+                "status_changed_at": job.c.status_changed_at,
+            },
+        )
+
+    def _inflight(
+        self, consumer_pk: int, targets: Sequence[tuple[int, int | None]]
+    ) -> list[ColumnElement[bool]]:
+        fenced = [(i, a) for i, a in targets if a is not None]
+        loose = [i for i, a in targets if a is None]
+        matches: list[ColumnElement[bool]] = []
+        if fenced:
+            matches.append(tuple_(job.c.id, job.c.attempt).in_(fenced))
+        if loose:
+            matches.append(job.c.id.in_(loose))
+        return [job.c.consumer_pk == consumer_pk, job.c.status == INFLIGHT, or_(*matches)]
+
+    async def requeue_dead(self, consumer_pk: int, job_id: int | None = None) -> list[Job]:
+        """DEAD -> QUEUED with a fresh retry budget (one job, or the consumer's whole DLQ)."""
+        where = [job.c.consumer_pk == consumer_pk, job.c.status == DEAD]
+        if job_id is not None:
+            where.append(job.c.id == job_id)
+        return await self._transition(
+            where,
+            {
+                "status": QUEUED,
+                "retry_count": 0,
+                "earliest_next_attempt_at": self._now,
+                "dead_reason": None,
+            },
+        )
+
+    async def delete_dead(self, consumer_pk: int, job_id: int) -> bool:
+        result = await self._tx.conn.execute(
+            delete(job).where(
+                job.c.id == job_id, job.c.consumer_pk == consumer_pk, job.c.status == DEAD
+            )
+        )
+        return bool(result.rowcount)
+
+    # -- sweep ---------------------------------------------------------------------------------
+
+    async def requeue_expired(self, policy: RetryPolicy, batch: int) -> list[Job]:
+        """Expired leases back to QUEUED (retry + 1, backoff), or DEAD once retries are used up.
+
+        The oldest `batch` expired leases are locked with SKIP LOCKED, so sweepers running side
+        by side split the work instead of repeating it.
+        """
+        expired = (
+            select(job.c.id)
+            .where(job.c.status == INFLIGHT, job.c.lease_expires_at < self._now)
+            .order_by(job.c.lease_expires_at)
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+        )
+        values = self._failure_values(policy, None, "lease expired with no retries left")
+        values["timeout_count"] = job.c.timeout_count + 1
+        return await self._transition(
+            [job.c.id.in_(expired.scalar_subquery()), job.c.status == INFLIGHT], values
+        )
+
+
+def _within_bytes(rows: Sequence[Row[Any]], max_bytes: int) -> list[int]:
+    """The longest prefix whose payloads fit in max_bytes (always at least one job)."""
+    chosen: list[int] = []
+    total = 0
+    for row in rows:
+        if chosen and total + row.payload_size > max_bytes:
+            break
+        if not chosen and row.payload_size > max_bytes:
+            return [row.id]
+        total += row.payload_size
+        chosen.append(row.id)
+    return chosen
+
+
+def _split_key(raw: str) -> tuple[int, int]:
+    try:
+        priority, last_id = raw.split(":", 1)
+        return int(priority), int(last_id)
+    except ValueError:
+        raise InvalidInput("malformed pagination cursor") from None

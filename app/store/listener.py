@@ -1,0 +1,65 @@
+"""PostgreSQL LISTEN loop: turns NOTIFYs from any process into local wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import psycopg
+
+from app.store.db import NOTIFY_CHANNEL
+from app.store.signals import Signals
+
+log = logging.getLogger(__name__)
+
+
+def libpq_url(connection_url: str) -> str:
+    return "postgresql://" + connection_url.split("://", 1)[1]
+
+
+class NotifyListener:
+    """Holds one autocommit connection LISTENing on the jobs channel; reconnects on failure."""
+
+    def __init__(self, connection_url: str, signals: Signals) -> None:
+        self._url = libpq_url(connection_url)
+        self._signals = signals
+        self.ready = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        delay = 0.1
+        while not stop.is_set():
+            try:
+                await self._listen(stop)
+                delay = 0.1
+            except (OSError, psycopg.Error) as exc:
+                log.warning("notify listener lost its connection (%s); reconnecting", exc)
+                self.ready.clear()
+                self._signals.wake_all()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as conn:
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self.ready.set()
+            # Wake everyone once: anything published before LISTEN took effect is now visible.
+            self._signals.wake_all()
+            gen = conn.notifies()
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                while not stop.is_set():
+                    nxt = asyncio.ensure_future(anext(gen))
+                    done, _ = await asyncio.wait(
+                        {nxt, stopper}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if nxt not in done:
+                        nxt.cancel()
+                        break
+                    notify = nxt.result()
+                    self._signals.wake(
+                        int(part) for part in notify.payload.split(",") if part.strip()
+                    )
+            finally:
+                stopper.cancel()

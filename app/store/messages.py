@@ -1,0 +1,130 @@
+"""Messages: the insert that fans a message out to one job per consumer, and message reads."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Row, func, insert, literal, select
+from sqlalchemy.exc import IntegrityError
+
+from app.domain.errors import Conflict
+from app.domain.models import Message, Page
+from app.store.db import Tx, now
+from app.store.pagination import Cursor, page_bounds, paginate
+from app.store.schema import consumer, job, message
+
+
+def message_from_row(row: Row[Any]) -> Message:
+    headers = row.headers
+    if isinstance(headers, str):
+        headers = json.loads(headers)
+    return Message(
+        pk=row.pk,
+        channel_id=row.channel_id,
+        message_id=row.message_id,
+        producer_id=row.producer_id,
+        payload=bytes(row.payload),
+        content_type=row.content_type,
+        priority=row.priority,
+        headers=dict(headers or {}),
+        received_at=row.received_at,
+    )
+
+
+class MessageStore:
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+
+    async def publish(
+        self,
+        *,
+        channel_id: str,
+        message_id: str,
+        producer_id: str,
+        payload: bytes,
+        content_type: str,
+        priority: int,
+        headers: dict[str, str],
+    ) -> tuple[Message, list[int]]:
+        """Store the message and one QUEUED job per consumer of the channel.
+
+        Returns the message and the consumers that got a job. A repeated message id raises
+        Conflict; the caller's transaction then rolls back, so nothing is half written.
+        """
+        db_now = now(self._tx.dialect)
+        try:
+            row = (
+                await self._tx.conn.execute(
+                    insert(message)
+                    .values(
+                        channel_id=channel_id,
+                        message_id=message_id,
+                        producer_id=producer_id,
+                        payload=payload,
+                        content_type=content_type,
+                        priority=priority,
+                        headers=headers,
+                        received_at=db_now,
+                    )
+                    .returning(*message.c)
+                )
+            ).one()
+        except IntegrityError:
+            raise Conflict(
+                f"message {message_id!r} already exists in channel {channel_id!r}"
+            ) from None
+        stored = message_from_row(row)
+        fan_out = (
+            insert(job)
+            .from_select(
+                [
+                    "message_pk",
+                    "consumer_pk",
+                    "status",
+                    "priority",
+                    "payload_size",
+                    "earliest_next_attempt_at",
+                    "status_changed_at",
+                    "created_at",
+                ],
+                select(
+                    literal(stored.pk),
+                    consumer.c.pk,
+                    literal("QUEUED"),
+                    literal(priority),
+                    literal(len(payload)),
+                    db_now,
+                    db_now,
+                    db_now,
+                ).where(consumer.c.channel_id == channel_id),
+            )
+            .returning(job.c.consumer_pk)
+        )
+        consumer_pks = list((await self._tx.conn.execute(fan_out)).scalars())
+        return stored, consumer_pks
+
+    async def get(self, channel_id: str, message_id: str) -> Message | None:
+        query = select(message).where(
+            message.c.channel_id == channel_id, message.c.message_id == message_id
+        )
+        row = (await self._tx.conn.execute(query)).first()
+        return message_from_row(row) if row else None
+
+    async def list(self, channel_id: str, cursor: Cursor, limit: int) -> Page[Message]:
+        base = select(message).where(message.c.channel_id == channel_id)
+        rows = (
+            await self._tx.conn.execute(paginate(base, message.c.pk, cursor, limit, True))
+        ).all()
+        items, next_cursor, previous_cursor = page_bounds(rows, cursor, limit, "pk")
+        return Page([message_from_row(row) for row in items], next_cursor, previous_cursor)
+
+    async def job_counts(self, channel_id: str) -> dict[str, int]:
+        """Jobs of the channel's messages by status."""
+        query = (
+            select(job.c.status, func.count())
+            .select_from(job.join(message, job.c.message_pk == message.c.pk))
+            .where(message.c.channel_id == channel_id)
+            .group_by(job.c.status)
+        )
+        return {status: int(count) for status, count in await self._tx.conn.execute(query)}

@@ -1,0 +1,37 @@
+"""Running Alembic from the broker itself (`webhook-broker migrate`, and `serve` on start)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+
+from app.config import DatabaseConfig
+
+
+def sync_url(config: DatabaseConfig) -> str:
+    if config.dialect == "sqlite":
+        return f"sqlite:///{config.connection_url}"
+    return "postgresql+psycopg://" + config.connection_url.split("://", 1)[1]
+
+
+def migrations_dir() -> Path:
+    """The migrations folder: beside the package in a checkout, or installed as `migrations`."""
+    beside = Path(__file__).resolve().parents[2] / "migrations"
+    if (beside / "env.py").is_file():
+        return beside
+    import migrations  # installed alongside app by the wheel
+
+    return Path(next(iter(migrations.__path__)))
+
+
+def alembic_config(config: DatabaseConfig) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.attributes["sqlalchemy_url"] = sync_url(config)
+    return cfg
+
+
+def upgrade(config: DatabaseConfig, revision: str = "head") -> None:
+    command.upgrade(alembic_config(config), revision)

@@ -1,0 +1,135 @@
+"""Tables (SQLAlchemy Core) and the indexes that serve the hot paths; Alembic's target."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+
+from app.store.types import Timestamp
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; BIGINT stays BIGINT on PostgreSQL.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+channel = Table(
+    "channel",
+    metadata,
+    Column("id", String(255), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("token", String(255), nullable=False),
+    Column("created_at", Timestamp(), nullable=False),
+    Column("updated_at", Timestamp(), nullable=False),
+)
+
+producer = Table(
+    "producer",
+    metadata,
+    Column("id", String(255), primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("token", String(255), nullable=False),
+    Column("created_at", Timestamp(), nullable=False),
+    Column("updated_at", Timestamp(), nullable=False),
+)
+
+consumer = Table(
+    "consumer",
+    metadata,
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    Column("channel_id", String(255), ForeignKey("channel.id", ondelete="CASCADE"), nullable=False),
+    Column("consumer_id", String(255), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("token", String(255), nullable=False),
+    Column("callback_url", Text(), nullable=False, server_default=""),
+    Column("type", String(8), nullable=False, server_default="push"),
+    Column("ack_wait_seconds", Integer(), nullable=True),
+    Column("max_ack_pending", Integer(), nullable=True),
+    Column("created_at", Timestamp(), nullable=False),
+    Column("updated_at", Timestamp(), nullable=False),
+    UniqueConstraint("channel_id", "consumer_id"),
+)
+
+message = Table(
+    "message",
+    metadata,
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    Column("channel_id", String(255), ForeignKey("channel.id", ondelete="CASCADE"), nullable=False),
+    Column("message_id", String(255), nullable=False),
+    Column("producer_id", String(255), ForeignKey("producer.id"), nullable=False),
+    Column("payload", LargeBinary(), nullable=False),
+    Column("content_type", String(255), nullable=False),
+    Column("priority", Integer(), nullable=False, server_default="0"),
+    Column("headers", JSON(), nullable=False),
+    Column("received_at", Timestamp(), nullable=False),
+    # The per-channel message id is the producer's idempotency key.
+    UniqueConstraint("channel_id", "message_id"),
+    Index("ix_message_channel_id_pk", "channel_id", "pk"),
+)
+
+job = Table(
+    "job",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column(
+        "message_pk", BigInteger(), ForeignKey("message.pk", ondelete="CASCADE"), nullable=False
+    ),
+    Column(
+        "consumer_pk", BigInteger(), ForeignKey("consumer.pk", ondelete="CASCADE"), nullable=False
+    ),
+    Column("status", String(16), nullable=False),
+    Column("priority", Integer(), nullable=False, server_default="0"),
+    Column("payload_size", Integer(), nullable=False, server_default="0"),
+    Column("attempt", Integer(), nullable=False, server_default="0"),
+    Column("retry_count", Integer(), nullable=False, server_default="0"),
+    Column("timeout_count", Integer(), nullable=False, server_default="0"),
+    Column("incremental_timeout", Integer(), nullable=False, server_default="0"),
+    Column("lease_expires_at", Timestamp(), nullable=True),
+    Column("earliest_next_attempt_at", Timestamp(), nullable=False),
+    Column("claimed_at", Timestamp(), nullable=True),
+    Column("status_changed_at", Timestamp(), nullable=False),
+    Column("created_at", Timestamp(), nullable=False),
+    Column("dead_reason", Text(), nullable=True),
+    Column("last_error", Text(), nullable=True),
+    # Sweep path: expired leases, smallest first.
+    Index(
+        "ix_job_sweep",
+        "lease_expires_at",
+        postgresql_where=text("status = 'INFLIGHT'"),
+        sqlite_where=text("status = 'INFLIGHT'"),
+    ),
+    # Per-consumer listings by status (DLQ, in-flight counts) and a message's jobs.
+    Index("ix_job_consumer_status", "consumer_pk", "status", "id"),
+    Index("ix_job_message_pk", "message_pk"),
+)
+
+# Claim path: one range scan over a consumer's queued jobs in delivery order (priority
+# descending, then oldest first), so the claim never sorts.
+Index(
+    "ix_job_claim",
+    job.c.consumer_pk,
+    job.c.priority.desc(),
+    job.c.id,
+    postgresql_where=text("status = 'QUEUED'"),
+    sqlite_where=text("status = 'QUEUED'"),
+)

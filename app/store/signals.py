@@ -1,0 +1,45 @@
+"""In-process wake-ups for waiters on a consumer's queue (long polls, dispatchers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+
+class Signals:
+    """Fan-out of "this consumer's queue changed" to every local waiter.
+
+    On SQLite the services call wake() after their commit; on PostgreSQL the NOTIFY listener
+    does, so waiters in every process hear about jobs published by any process.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: defaultdict[int, set[asyncio.Event]] = defaultdict(set)
+
+    def wake(self, consumer_pks: Iterable[int]) -> None:
+        for pk in consumer_pks:
+            for event in self._waiters.get(pk, ()):
+                event.set()
+
+    def wake_all(self) -> None:
+        """After a lost listener connection: notifications may have been missed."""
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
+    def waiting(self, consumer_pk: int) -> int:
+        return len(self._waiters.get(consumer_pk, ()))
+
+    @contextmanager
+    def subscribe(self, consumer_pk: int) -> Iterator[asyncio.Event]:
+        event = asyncio.Event()
+        self._waiters[consumer_pk].add(event)
+        try:
+            yield event
+        finally:
+            waiters = self._waiters[consumer_pk]
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[consumer_pk]

@@ -1,0 +1,148 @@
+"""Channels, producers and consumers: plain Core statements returning domain records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, Table, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.domain.models import Consumer, ConsumerType, Page, Stakeholder
+from app.store.db import Tx
+from app.store.pagination import Cursor, page_bounds, paginate
+from app.store.schema import channel, consumer, producer
+
+
+def _stakeholder(row: Row[Any]) -> Stakeholder:
+    return Stakeholder(
+        id=row.id,
+        name=row.name,
+        token=row.token,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def consumer_from_row(row: Row[Any]) -> Consumer:
+    return Consumer(
+        pk=row.pk,
+        id=row.consumer_id,
+        channel_id=row.channel_id,
+        name=row.name,
+        token=row.token,
+        callback_url=row.callback_url,
+        type=ConsumerType(row.type),
+        ack_wait_seconds=row.ack_wait_seconds,
+        max_ack_pending=row.max_ack_pending,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+class StakeholderStore:
+    """Channels and producers share one shape: id, name, token, timestamps."""
+
+    def __init__(self, tx: Tx, table: Table) -> None:
+        self._tx = tx
+        self._table = table
+
+    async def get(self, id_: str, *, for_update: bool = False) -> Stakeholder | None:
+        query = select(self._table).where(self._table.c.id == id_)
+        if for_update:
+            query = query.with_for_update()
+        row = (await self._tx.conn.execute(query)).first()
+        return _stakeholder(row) if row else None
+
+    async def insert(self, id_: str, name: str, token: str, at: datetime) -> Stakeholder | None:
+        """Insert a new row; None when another request created it first."""
+        values = {"id": id_, "name": name, "token": token, "created_at": at, "updated_at": at}
+        try:
+            async with self._tx.conn.begin_nested():
+                row = (
+                    await self._tx.conn.execute(
+                        insert(self._table).values(**values).returning(self._table)
+                    )
+                ).one()
+        except IntegrityError:
+            return None
+        return _stakeholder(row)
+
+    async def update(self, id_: str, name: str, token: str, at: datetime) -> Stakeholder:
+        row = (
+            await self._tx.conn.execute(
+                update(self._table)
+                .where(self._table.c.id == id_)
+                .values(name=name, token=token, updated_at=at)
+                .returning(self._table)
+            )
+        ).one()
+        return _stakeholder(row)
+
+    async def list(self, cursor: Cursor, limit: int) -> Page[Stakeholder]:
+        query = paginate(select(self._table), self._table.c.id, cursor, limit)
+        rows = (await self._tx.conn.execute(query)).all()
+        items, next_cursor, previous_cursor = page_bounds(rows, cursor, limit, "id")
+        return Page([_stakeholder(row) for row in items], next_cursor, previous_cursor)
+
+
+def channels(tx: Tx) -> StakeholderStore:
+    return StakeholderStore(tx, channel)
+
+
+def producers(tx: Tx) -> StakeholderStore:
+    return StakeholderStore(tx, producer)
+
+
+class ConsumerStore:
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+
+    async def get(
+        self, channel_id: str, consumer_id: str, *, for_update: bool = False
+    ) -> Consumer | None:
+        query = select(consumer).where(
+            consumer.c.channel_id == channel_id, consumer.c.consumer_id == consumer_id
+        )
+        if for_update:
+            query = query.with_for_update()
+        row = (await self._tx.conn.execute(query)).first()
+        return consumer_from_row(row) if row else None
+
+    async def get_by_pk(self, pk: int) -> Consumer | None:
+        row = (await self._tx.conn.execute(select(consumer).where(consumer.c.pk == pk))).first()
+        return consumer_from_row(row) if row else None
+
+    async def insert(self, values: dict[str, Any]) -> Consumer | None:
+        try:
+            async with self._tx.conn.begin_nested():
+                row = (
+                    await self._tx.conn.execute(
+                        insert(consumer).values(**values).returning(consumer)
+                    )
+                ).one()
+        except IntegrityError:
+            return None
+        return consumer_from_row(row)
+
+    async def update(self, pk: int, values: dict[str, Any]) -> Consumer:
+        query = update(consumer).where(consumer.c.pk == pk).values(**values).returning(consumer)
+        return consumer_from_row((await self._tx.conn.execute(query)).one())
+
+    async def delete(self, pk: int) -> None:
+        await self._tx.conn.execute(delete(consumer).where(consumer.c.pk == pk))
+
+    async def for_channel(self, channel_id: str) -> Sequence[Consumer]:
+        rows = await self._tx.conn.execute(
+            select(consumer).where(consumer.c.channel_id == channel_id).order_by(consumer.c.pk)
+        )
+        return [consumer_from_row(row) for row in rows]
+
+    async def list(self, channel_id: str, cursor: Cursor, limit: int) -> Page[Consumer]:
+        base = select(consumer).where(consumer.c.channel_id == channel_id)
+        rows = (
+            await self._tx.conn.execute(paginate(base, consumer.c.consumer_id, cursor, limit))
+        ).all()
+        items, next_cursor, previous_cursor = page_bounds(rows, cursor, limit, "consumer_id")
+        return Page([consumer_from_row(row) for row in items], next_cursor, previous_cursor)

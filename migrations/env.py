@@ -1,0 +1,48 @@
+"""Alembic environment: a synchronous engine on the broker's configured database."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, text
+
+from app.config import load_config
+from app.store.migrate import sync_url
+from app.store.schema import metadata
+
+config = context.config
+url = config.attributes.get("sqlalchemy_url") or sync_url(load_config().database)
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=url, target_metadata=metadata, literal_binds=True, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            # Instances starting together migrate one at a time.
+            connection.execute(text("SELECT pg_advisory_lock(8071950101)"))
+            connection.commit()
+        try:
+            context.configure(
+                connection=connection,
+                target_metadata=metadata,
+                render_as_batch=connection.dialect.name == "sqlite",
+                compare_type=True,
+            )
+            with context.begin_transaction():
+                context.run_migrations()
+        finally:
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_unlock(8071950101)"))
+                connection.commit()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()
