@@ -9,6 +9,7 @@ Nothing is read at import time: entry points call load_config() and pass the res
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -219,8 +220,7 @@ def load_config(
                 raise ConfigError(f"{candidate}: {exc}") from exc
             sources.append(str(candidate))
     _apply_environment(parser, os.environ if environ is None else environ)
-    config = _build(parser)
-    return Config(**{**_fields(config), "sources": tuple(sources)})
+    return dataclasses.replace(_build(parser), sources=tuple(sources))
 
 
 def load_config_text(text: str, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -233,10 +233,6 @@ def load_config_text(text: str, *, environ: Mapping[str, str] | None = None) -> 
         raise ConfigError(str(exc)) from exc
     _apply_environment(parser, environ or {})
     return _build(parser)
-
-
-def _fields(config: Config) -> dict[str, object]:
-    return {name: getattr(config, name) for name in Config.__dataclass_fields__}
 
 
 def _new_parser() -> configparser.ConfigParser:

@@ -47,16 +47,31 @@ class Cluster:
         if self._as_root:
             shutil.chown(self.root, "postgres")
         self._run(
-            str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
-            "--auth=trust", "--encoding=UTF8", "--no-sync",
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-sync",
         )
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
         )
         self._run(
-            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options,
-            "-l", str(self.root / "log"), "-w", "-t", "60", "start",
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from app.domain.errors import NotFound
 from app.domain.models import Job, Message, Page
 from app.store.db import Database
@@ -23,7 +25,9 @@ class MessageQueries:
                 raise NotFound(f"channel {channel_id!r} not found")
             return await MessageStore(tx).list(channel_id, cursor, PAGE_SIZE)
 
-    async def get(self, channel_id: str, message_id: str) -> tuple[Message, list[tuple[Job, str]]]:
+    async def get(
+        self, channel_id: str, message_id: str
+    ) -> tuple[Message, builtins.list[tuple[Job, str]]]:
         """The message and its jobs, each with the id of the consumer it belongs to."""
         async with self._db.transaction() as tx:
             found = await MessageStore(tx).get(channel_id, message_id)

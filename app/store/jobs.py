@@ -383,7 +383,7 @@ class JobStore:
         )
 
 
-def _within_bytes(rows: Sequence[Row[Any]], max_bytes: int) -> list[int]:
+def _within_bytes(rows: Sequence[Row[Any, Any]], max_bytes: int) -> list[int]:
     """The longest prefix whose payloads fit in max_bytes (always at least one job)."""
     chosen: list[int] = []
     total = 0

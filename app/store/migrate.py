@@ -33,5 +33,5 @@ def alembic_config(config: DatabaseConfig) -> AlembicConfig:
     return cfg
 
 
-def upgrade(config: DatabaseConfig, revision: str = "head") -> None:
+def upgrade(config: DatabaseConfig, revision: str = "heads") -> None:
     command.upgrade(alembic_config(config), revision)

@@ -82,7 +82,9 @@ def upgrade() -> None:
             ["producer_id"], ["producer.id"], name=op.f("fk_message_producer_id_producer")
         ),
         sa.PrimaryKeyConstraint("pk", name=op.f("pk_message")),
-        sa.UniqueConstraint("channel_id", "message_id", name=op.f("uq_message_channel_id_message_id")),
+        sa.UniqueConstraint(
+            "channel_id", "message_id", name=op.f("uq_message_channel_id_message_id")
+        ),
     )
     op.create_index("ix_message_channel_id_pk", "message", ["channel_id", "pk"])
     op.create_table(
@@ -128,7 +130,11 @@ def upgrade() -> None:
         sqlite_where=queued,
     )
     op.create_index(
-        "ix_job_sweep", "job", ["lease_expires_at"], postgresql_where=inflight, sqlite_where=inflight
+        "ix_job_sweep",
+        "job",
+        ["lease_expires_at"],
+        postgresql_where=inflight,
+        sqlite_where=inflight,
     )
     op.create_index("ix_job_consumer_status", "job", ["consumer_pk", "status", "id"])
     op.create_index("ix_job_message_pk", "job", ["message_pk"])
