@@ -22,11 +22,18 @@ from app.domain.models import ConsumerType
 
 ENV_PREFIX = "WEBHOOK_BROKER__"
 
-DEFAULT_LOCATIONS: tuple[Path, ...] = (
-    Path("/etc/webhook-broker/webhook-broker.cfg"),
-    Path("~/.webhook-broker/webhook-broker.cfg").expanduser(),
-    Path("webhook-broker.cfg"),
-)
+SYSTEM_CONFIG = Path("/etc/webhook-broker/webhook-broker.cfg")
+CONFIG_NAME = "webhook-broker.cfg"
+
+
+def default_locations() -> tuple[Path, ...]:
+    """The files read before --config, resolved when called (HOME and the working directory)."""
+    return (
+        SYSTEM_CONFIG,
+        Path("~/.webhook-broker").expanduser() / CONFIG_NAME,
+        Path.cwd() / CONFIG_NAME,
+    )
+
 
 # Every key we read, with its default; the template documents the same keys.
 DEFAULTS: dict[str, dict[str, str]] = {
@@ -206,7 +213,7 @@ def load_config(
     parser = _new_parser()
     parser.read_dict(DEFAULTS)
     sources: list[str] = []
-    candidates: list[Path] = list(DEFAULT_LOCATIONS) if search_default_locations else []
+    candidates: list[Path] = list(default_locations()) if search_default_locations else []
     if path is not None:
         explicit = Path(path)
         if not explicit.is_file():
@@ -216,7 +223,7 @@ def load_config(
         if candidate.is_file():
             try:
                 parser.read(candidate, encoding="utf-8")
-            except configparser.Error as exc:
+            except (configparser.Error, UnicodeDecodeError) as exc:
                 raise ConfigError(f"{candidate}: {exc}") from exc
             sources.append(str(candidate))
     _apply_environment(parser, os.environ if environ is None else environ)

@@ -1,0 +1,340 @@
+"""Config loading: every layer in order, environment overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app import config as config_module
+from app.config import ConfigError, load_config, load_config_text
+from app.domain.models import ConsumerType
+
+
+@pytest.fixture
+def layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """The four file layers in a sandbox: system file, HOME, working directory, --config."""
+    system = tmp_path / "etc" / "webhook-broker.cfg"
+    home = tmp_path / "home"
+    cwd = tmp_path / "cwd"
+    for folder in (system.parent, home / ".webhook-broker", cwd):
+        folder.mkdir(parents=True)
+    monkeypatch.setattr(config_module, "SYSTEM_CONFIG", system)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    return {
+        "system": system,
+        "home": home / ".webhook-broker" / "webhook-broker.cfg",
+        "cwd": cwd / "webhook-broker.cfg",
+        "explicit": tmp_path / "explicit.cfg",
+    }
+
+
+def test_built_in_defaults() -> None:
+    cfg = load_config(search_default_locations=False, environ={})
+    assert cfg.database.dialect == "sqlite"
+    assert cfg.database.connection_url == "webhook-broker.sqlite3"
+    assert (cfg.http.host, cfg.http.port) == ("0.0.0.0", 8080)
+    assert cfg.http.admin_token == ""
+    assert cfg.broker.max_retry == 5
+    assert cfg.broker.retry_backoff_delays == (5, 30, 60)
+    assert cfg.broker.max_message_size_bytes == 5242880
+    assert cfg.log.level == "INFO"
+    assert cfg.default_ack_wait_seconds == 30 + 2
+    assert cfg.sources == ()
+    assert cfg.seed.channels == () and cfg.seed.consumers == ()
+
+
+def test_default_locations_follow_home_and_working_directory(layers: dict[str, Path]) -> None:
+    assert config_module.default_locations() == (layers["system"], layers["home"], layers["cwd"])
+
+
+def test_each_layer_overrides_the_one_before_key_by_key(layers: dict[str, Path]) -> None:
+    # Every layer sets max-retry (the last file wins) and one key of its own (which survives).
+    layers["system"].write_text("[broker]\nmax-retry=1\nmax-workers=11\n")
+    layers["home"].write_text("[broker]\nmax-retry=2\nrational-delay-in-seconds=7\n")
+    layers["cwd"].write_text("[broker]\nmax-retry=3\nmax-message-size-bytes=1234\n")
+    layers["explicit"].write_text("[broker]\nmax-retry=4\nretry-backoff-delays-in-seconds=1,2\n")
+
+    cfg = load_config(layers["explicit"], environ={})
+    assert cfg.broker.max_retry == 4
+    assert cfg.broker.max_workers == 11
+    assert cfg.broker.rational_delay_seconds == 7
+    assert cfg.broker.max_message_size_bytes == 1234
+    assert cfg.broker.retry_backoff_delays == (1, 2)
+    assert cfg.sources == tuple(str(layers[name]) for name in ("system", "home", "cwd", "explicit"))
+
+    # Without --config the working-directory file is the last word.
+    assert load_config(environ={}).broker.max_retry == 3
+    layers["cwd"].unlink()
+    assert load_config(environ={}).broker.max_retry == 2
+    layers["home"].unlink()
+    assert load_config(environ={}).broker.max_retry == 1
+    layers["system"].unlink()
+    assert load_config(environ={}).broker.max_retry == 5
+
+
+def test_environment_overrides_every_file(layers: dict[str, Path]) -> None:
+    layers["cwd"].write_text("[broker]\nmax-retry=3\n[http]\nlistener=:9000\n")
+    layers["explicit"].write_text("[broker]\nmax-retry=4\n")
+    environ = {
+        "WEBHOOK_BROKER__BROKER__MAX_RETRY": "9",
+        "WEBHOOK_BROKER__HTTP__ADMIN_TOKEN": "s3cret",
+        "WEBHOOK_BROKER__RDBMS__CONNECTION_URL": "/data/broker.sqlite3",
+        "UNRELATED": "ignored",
+    }
+    cfg = load_config(layers["explicit"], environ=environ)
+    assert cfg.broker.max_retry == 9
+    assert cfg.http.admin_token == "s3cret"
+    assert cfg.http.port == 9000
+    assert cfg.database.connection_url == "/data/broker.sqlite3"
+
+
+def test_environment_is_read_from_os_environ_by_default(
+    layers: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEBHOOK_BROKER__HTTP__LISTENER", "127.0.0.1:8181")
+    cfg = load_config()
+    assert (cfg.http.host, cfg.http.port) == ("127.0.0.1", 8181)
+
+
+def test_environment_can_seed_channels() -> None:
+    environ = {
+        "WEBHOOK_BROKER__INITIAL_CHANNELS__orders": "Orders",
+        "WEBHOOK_BROKER__INITIAL_CHANNEL_TOKENS__orders": "tok",
+    }
+    cfg = load_config(search_default_locations=False, environ=environ)
+    assert [(c.id, c.name, c.token) for c in cfg.seed.channels] == [("orders", "Orders", "tok")]
+
+
+@pytest.mark.parametrize(
+    "name", ["WEBHOOK_BROKER__HTTP", "WEBHOOK_BROKER__HTTP__LISTENER__X", "WEBHOOK_BROKER____X"]
+)
+def test_malformed_environment_variable_is_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        load_config(search_default_locations=False, environ={name: "1"})
+
+
+def test_missing_explicit_config_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.cfg"
+    with pytest.raises(ConfigError, match="nope.cfg"):
+        load_config(missing, search_default_locations=False, environ={})
+
+
+def test_unparsable_file_names_the_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.cfg"
+    broken.write_text("max-retry=1\n")  # a key before any section
+    with pytest.raises(ConfigError, match="broken.cfg"):
+        load_config(broken, search_default_locations=False, environ={})
+    binary = tmp_path / "binary.cfg"
+    binary.write_bytes(b"[broker]\nmax-retry=\xff\xfe\n")
+    with pytest.raises(ConfigError, match="binary.cfg"):
+        load_config(binary, search_default_locations=False, environ={})
+
+
+BAD_VALUES = [
+    ("rdbms", "dialect", "oracle"),
+    ("rdbms", "connection-url", ""),
+    ("rdbms", "max-open-connxns", "zero"),
+    ("rdbms", "max-idle-connxns", "0"),
+    ("rdbms", "connxn-max-lifetime-seconds", "-1"),
+    ("http", "listener", "8080"),
+    ("http", "listener", ":99999"),
+    ("http", "read-timeout", "soon"),
+    ("log", "log-level", "loud"),
+    ("log", "compress-backups", "maybe"),
+    ("broker", "max-retry", "-1"),
+    ("broker", "max-retry", "many"),
+    ("broker", "retry-backoff-delays-in-seconds", "5,x"),
+    ("broker", "retry-backoff-delays-in-seconds", ","),
+    ("broker", "max-message-size-bytes", "0"),
+    ("broker", "priority-dispatcher-enabled", "perhaps"),
+    ("consumer-connection", "token-header-name", "X Bad"),
+    ("consumer-connection", "connection-timeout-in-seconds", "1.5"),
+    ("pull", "max-batch", "0"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value"), BAD_VALUES)
+def test_bad_value_names_section_and_key(section: str, key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(f"[{section}]\n{key}={value}\n")
+    assert f"[{section}] {key}" in str(caught.value)
+
+
+@pytest.mark.parametrize(("section", "key", "value"), BAD_VALUES[:6])
+def test_bad_environment_value_names_section_and_key(section: str, key: str, value: str) -> None:
+    env_name = (
+        f"WEBHOOK_BROKER__{section.replace('-', '_').upper()}__" + key.replace("-", "_").upper()
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(search_default_locations=False, environ={env_name: value})
+    assert f"[{section}] {key}" in str(caught.value)
+
+
+def test_unknown_key_in_a_known_section() -> None:
+    with pytest.raises(ConfigError, match=r"\[broker\] max-retries: unknown key"):
+        load_config_text("[broker]\nmax-retries=3\n")
+
+
+def test_postgresql_url_is_checked_without_leaking_the_password() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text("[rdbms]\ndialect=postgresql\nconnection-url=mysql://u:hunter2@h/db\n")
+    assert "[rdbms] connection-url" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+    cfg = load_config_text(
+        "[rdbms]\ndialect=postgres\nconnection-url=postgres://u:pw@db:5432/broker\n"
+    )
+    assert cfg.database.dialect == "postgresql"
+    assert cfg.database.sqlalchemy_url == "postgresql+psycopg://u:pw@db:5432/broker"
+
+
+def test_sqlite_takes_a_path_not_a_url() -> None:
+    with pytest.raises(ConfigError, match=r"\[rdbms\] connection-url"):
+        load_config_text("[rdbms]\ndialect=sqlite3\nconnection-url=sqlite:///x.db\n")
+    cfg = load_config_text("[rdbms]\ndialect=sqlite3\nconnection-url=/tmp/x.db?_foreign_keys=1\n")
+    assert cfg.database.connection_url == "/tmp/x.db"
+
+
+def test_listener_and_log_level_forms() -> None:
+    cfg = load_config_text("[http]\nlistener=[::1]:8443\n[log]\nlog-level=warn\n")
+    assert (cfg.http.host, cfg.http.port) == ("::1", 8443)
+    assert cfg.log.level == "WARNING"
+
+
+SEEDS = """
+[initial-channels]
+orders=Order events
+audit=
+
+[initial-channel-tokens]
+orders=orders-token
+audit=audit-token
+
+[initial-producers]
+shop=The shop
+
+[initial-producer-tokens]
+shop=shop-token
+
+[initial-consumers]
+mailer=https://mail.example/hook
+warehouse=
+ledger=http://ledger:8000/in
+
+[mailer]
+token=mailer-token
+channel=orders
+
+[warehouse]
+token=warehouse-token
+channel=orders
+type=pull
+ack-wait=45
+max-ack-pending=10
+
+[ledger]
+token=ledger-token
+channel=audit
+type=PUSH
+name=Ledger
+"""
+
+
+def test_seed_sections_are_parsed() -> None:
+    seed = load_config_text(SEEDS).seed
+    assert [(c.id, c.name, c.token) for c in seed.channels] == [
+        ("orders", "Order events", "orders-token"),
+        ("audit", "audit", "audit-token"),
+    ]
+    assert [(p.id, p.name, p.token) for p in seed.producers] == [("shop", "The shop", "shop-token")]
+    by_id = {c.id: c for c in seed.consumers}
+    assert list(by_id) == ["mailer", "warehouse", "ledger"]
+    mailer, warehouse, ledger = by_id["mailer"], by_id["warehouse"], by_id["ledger"]
+    # An empty type means push.
+    assert (mailer.type, mailer.channel_id, mailer.token) == (
+        ConsumerType.PUSH,
+        "orders",
+        "mailer-token",
+    )
+    assert mailer.callback_url == "https://mail.example/hook"
+    # A pull consumer may have no callback URL.
+    assert (warehouse.type, warehouse.callback_url) == (ConsumerType.PULL, "")
+    assert (warehouse.ack_wait_seconds, warehouse.max_ack_pending) == (45, 10)
+    assert (ledger.type, ledger.name, ledger.channel_id) == (ConsumerType.PUSH, "Ledger", "audit")
+
+
+def _without(text: str, line: str) -> str:
+    assert line in text
+    return text.replace(line, "", 1)
+
+
+BAD_SEEDS = [
+    # (description, config text, words the message must contain)
+    (
+        "channel without token",
+        _without(SEEDS, "audit=audit-token\n"),
+        ["[initial-channels] audit", "initial-channel-tokens"],
+    ),
+    (
+        "producer without token",
+        _without(SEEDS, "shop=shop-token\n"),
+        ["[initial-producers] shop", "initial-producer-tokens"],
+    ),
+    (
+        "token for an unseeded channel",
+        SEEDS.replace("audit=audit-token", "audit=audit-token\nghost=x"),
+        ["[initial-channel-tokens] ghost"],
+    ),
+    (
+        "consumer without its section",
+        SEEDS.replace("ledger=http://ledger:8000/in", "ledger=http://ledger:8000/in\nlost="),
+        ["[initial-consumers] lost"],
+    ),
+    ("bad consumer type", SEEDS.replace("type=PUSH", "type=webhook"), ["[ledger] type", "push"]),
+    (
+        "relative callback URL for push",
+        SEEDS.replace("mailer=https://mail.example/hook", "mailer=/hook"),
+        ["[initial-consumers] mailer", "absolute"],
+    ),
+    (
+        "callback URL without scheme",
+        SEEDS.replace("mailer=https://mail.example/hook", "mailer=mail.example/hook"),
+        ["[initial-consumers] mailer", "absolute"],
+    ),
+    (
+        "push consumer without a callback URL",
+        SEEDS.replace("mailer=https://mail.example/hook", "mailer="),
+        ["[initial-consumers] mailer", "push"],
+    ),
+    (
+        "consumer without token",
+        _without(SEEDS, "token=mailer-token\n"),
+        ["[mailer] token"],
+    ),
+    (
+        "consumer without channel",
+        _without(SEEDS, "channel=audit\n"),
+        ["[ledger] channel"],
+    ),
+    ("unknown consumer key", SEEDS.replace("name=Ledger", "colour=red"), ["[ledger] colour"]),
+    ("bad ack-wait", SEEDS.replace("ack-wait=45", "ack-wait=-3"), ["[warehouse] ack-wait"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"), [case[1:] for case in BAD_SEEDS], ids=[case[0] for case in BAD_SEEDS]
+)
+def test_invalid_seed_entry_is_named(text: str, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text)
+    for word in words:
+        assert word in str(caught.value)
+
+
+def test_error_messages_never_echo_seeded_tokens() -> None:
+    text = SEEDS.replace("type=PUSH", "type=webhook")
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text)
+    for token in ("orders-token", "audit-token", "shop-token", "ledger-token"):
+        assert token not in str(caught.value)
