@@ -463,6 +463,18 @@ def _build_seed(parser: configparser.ConfigParser) -> SeedData:
     return SeedData(channels=channels, producers=producers, consumers=consumers)
 
 
+# Ids, names and tokens are stored in VARCHAR(255) columns.
+MAX_SEED_FIELD_LENGTH = 255
+
+
+def _check_lengths(where: str, **fields: str) -> None:
+    for field_name, value in fields.items():
+        if len(value) > MAX_SEED_FIELD_LENGTH:
+            raise ConfigError(
+                f"{where}: the {field_name} must be at most {MAX_SEED_FIELD_LENGTH} characters"
+            )
+
+
 def _seed_stakeholder(
     section: str, key: str, name: str, tokens: Mapping[str, str]
 ) -> SeedStakeholder:
@@ -470,6 +482,7 @@ def _seed_stakeholder(
     if not token:
         token_section = section.rstrip("s") + "-tokens"
         raise ConfigError(f"[{section}] {key}: needs a token in [{token_section}]")
+    _check_lengths(f"[{section}] {key[:40]}", id=key, name=name, token=token)
     return SeedStakeholder(id=key, name=name or key, token=token)
 
 
@@ -490,6 +503,12 @@ def _seed_consumer(parser: configparser.ConfigParser, key: str, url: str) -> See
         raise ConfigError(f"[{key}] token: must not be empty")
     if not options.get("channel"):
         raise ConfigError(f"[{key}] channel: must name a channel")
+    _check_lengths(
+        f"[initial-consumers] {key[:40]}",
+        id=key,
+        name=options.get("name", ""),
+        token=options["token"],
+    )
     if url and not _is_absolute_url(url):
         raise ConfigError(f"{where}={url!r}: callback URL must be absolute (http or https)")
     if consumer_type is ConsumerType.PUSH and not url:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from app.domain.models import ClaimedJob, Consumer, Job, Message, Page, Stakeholder
 
@@ -33,8 +34,17 @@ def stakeholder(item: Stakeholder, *, with_token: bool = False) -> dict[str, Any
     return body
 
 
+def segment(value: str) -> str:
+    """One path segment of a link: ids may hold '/', '?', '#' or spaces."""
+    return quote(value, safe="")
+
+
+def stakeholder_path(kind: str, id_: str) -> str:
+    return f"/{kind}/{segment(id_)}"
+
+
 def consumer_path(channel_id: str, consumer_id: str) -> str:
-    return f"/channel/{channel_id}/consumer/{consumer_id}"
+    return f"/channel/{segment(channel_id)}/consumer/{segment(consumer_id)}"
 
 
 def consumer(item: Consumer, *, default_ack_wait: int, with_token: bool = False) -> dict[str, Any]:
@@ -111,7 +121,7 @@ def job_state(job: Job) -> dict[str, Any]:
 
 
 def message_path(channel_id: str, message_id: str) -> str:
-    return f"/channel/{channel_id}/message/{message_id}"
+    return f"/channel/{segment(channel_id)}/message/{segment(message_id)}"
 
 
 def message(item: Message, jobs: list[tuple[Job, str]]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from app.store.pagination import Cursor
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
 
 PAGE_SIZE = 25
+# Ids, names and tokens are VARCHAR(255) columns; PostgreSQL refuses longer values.
+MAX_FIELD_LENGTH = 255
 
 
 def http_date(moment: datetime) -> str:
@@ -28,6 +30,12 @@ def check_unmodified_since(current: datetime, header: str | None) -> None:
         raise InvalidInput("updating an existing object needs an If-Unmodified-Since header")
     if header.strip() != http_date(current):
         raise PreconditionFailed("the object was modified since If-Unmodified-Since")
+
+
+def check_length(field: str, value: str) -> str:
+    if len(value) > MAX_FIELD_LENGTH:
+        raise InvalidInput(f"{field} must be at most {MAX_FIELD_LENGTH} characters")
+    return value
 
 
 def new_token() -> str:
@@ -87,13 +95,16 @@ class AdminService:
         if_unmodified_since: str | None,
     ) -> Stakeholder:
         """Create or conditionally update a channel or producer."""
+        check_length(f"{kind} id", id_)
+        name = check_length("name", name or id_)
+        token = check_length("token", token or new_token())
         async with self._db.transaction() as tx:
             store = self._store(kind, tx)
             existing = await store.get(id_, for_update=True)
             if existing is not None:
                 check_unmodified_since(existing.updated_at, if_unmodified_since)
-                return await store.update(id_, name or id_, token or new_token(), utcnow())
-            created = await store.insert(id_, name or id_, token or new_token(), utcnow())
+                return await store.update(id_, name, token, utcnow())
+            created = await store.insert(id_, name, token, utcnow())
             if created is None:
                 raise PreconditionFailed(f"{kind} {id_!r} was created by another request")
             return created
@@ -116,6 +127,7 @@ class AdminService:
     async def put_consumer(
         self, channel_id: str, consumer_id: str, form: ConsumerForm, if_unmodified_since: str | None
     ) -> Consumer:
+        check_length("consumer id", consumer_id)
         consumer_type = parse_consumer_type(form.type)
         url = (form.callback_url or "").strip()
         if url and not is_absolute_url(url):
@@ -123,8 +135,8 @@ class AdminService:
         if consumer_type is ConsumerType.PUSH and not url:
             raise InvalidInput("a push consumer needs an absolute callbackUrl")
         values = {
-            "name": form.name or consumer_id,
-            "token": form.token or new_token(),
+            "name": check_length("name", form.name or consumer_id),
+            "token": check_length("token", form.token or new_token()),
             "callback_url": url,
             "type": consumer_type.value,
             "ack_wait_seconds": _optional_positive("ackWait", form.ack_wait),

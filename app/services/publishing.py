@@ -14,6 +14,9 @@ from app.store.db import Database
 from app.store.messages import MessageStore
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+MAX_CONTENT_TYPE_LENGTH = 255
+# message.priority and job.priority are 32-bit INTEGER columns.
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
@@ -36,9 +39,14 @@ def parse_priority(raw: str | None) -> int:
     if raw is None or raw.strip() == "":
         return 0
     try:
-        return int(raw.strip())
+        value = int(raw.strip())
     except ValueError:
         raise InvalidInput("X-Broker-Message-Priority must be an integer") from None
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidInput(
+            f"X-Broker-Message-Priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}"
+        )
+    return value
 
 
 def metadata_headers(names: str | None, headers: Mapping[str, str]) -> dict[str, str]:
@@ -73,6 +81,11 @@ class PublishingService:
                 raise PayloadTooLarge(
                     f"the body is {len(request.payload)} bytes; the limit is {self._max_size}"
                 )
+            content_type = (request.content_type or "").strip() or DEFAULT_CONTENT_TYPE
+            if len(content_type) > MAX_CONTENT_TYPE_LENGTH:
+                raise InvalidInput(
+                    f"Content-Type must be at most {MAX_CONTENT_TYPE_LENGTH} characters"
+                )
             message_id = (request.message_id or "").strip() or uuid.uuid4().hex
             if len(message_id) > 255:
                 raise InvalidInput("X-Broker-Message-ID must be at most 255 characters")
@@ -81,7 +94,7 @@ class PublishingService:
                 message_id=message_id,
                 producer_id=producer.id,
                 payload=request.payload,
-                content_type=(request.content_type or "").strip() or DEFAULT_CONTENT_TYPE,
+                content_type=content_type,
                 priority=parse_priority(request.priority),
                 headers=metadata_headers(request.metadata_header_names, request.headers),
             )

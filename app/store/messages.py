@@ -8,10 +8,10 @@ from typing import Any
 from sqlalchemy import Row, func, insert, literal, select
 from sqlalchemy.exc import IntegrityError
 
-from app.domain.errors import Conflict
+from app.domain.errors import Conflict, InvalidInput
 from app.domain.models import Message, Page
 from app.store.db import Tx, now
-from app.store.pagination import Cursor, page_bounds, paginate
+from app.store.pagination import Cursor, decode_int_cursor, page_bounds, paginate
 from app.store.schema import consumer, job, message
 
 
@@ -112,6 +112,10 @@ class MessageStore:
         return message_from_row(row) if row else None
 
     async def list(self, channel_id: str, cursor: Cursor, limit: int) -> Page[Message]:
+        for given in (cursor.next, cursor.previous):
+            # Drivers refuse integers beyond BIGINT (a 500); a forged cursor is a 400.
+            if given is not None and not 0 <= decode_int_cursor(given) < 2**63:
+                raise InvalidInput("malformed pagination cursor")
         base = select(message).where(message.c.channel_id == channel_id)
         rows = (
             await self._tx.conn.execute(paginate(base, message.c.pk, cursor, limit, True))

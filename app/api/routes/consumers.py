@@ -59,4 +59,5 @@ async def delete_consumer(
 async def list_consumers(channel_id: str, rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
     page = await rt.admin.list_consumers(channel_id, cursor)
     urls = [views.consumer_path(channel_id, item.id) for item in page.items]
-    return JSONResponse(views.url_list(f"/channel/{channel_id}/consumers", urls, page))
+    path = f"/channel/{views.segment(channel_id)}/consumers"
+    return JSONResponse(views.url_list(path, urls, page))

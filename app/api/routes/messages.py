@@ -42,10 +42,12 @@ async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Respon
 async def list_messages(channel_id: str, rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
     page = await rt.messages.list(channel_id, cursor)
     urls = [views.message_path(channel_id, item.message_id) for item in page.items]
-    return JSONResponse(views.url_list(f"/channel/{channel_id}/messages", urls, page))
+    path = f"/channel/{views.segment(channel_id)}/messages"
+    return JSONResponse(views.url_list(path, urls, page))
 
 
-@router.get("/channel/{channel_id}/message/{message_id}")
+# Message ids come from a header and may contain '/': the last parameter takes the rest.
+@router.get("/channel/{channel_id}/message/{message_id:path}")
 async def get_message(channel_id: str, message_id: str, rt: RuntimeDep) -> JSONResponse:
     message, jobs = await rt.messages.get(channel_id, message_id)
     return JSONResponse(views.message(message, jobs))

@@ -42,7 +42,7 @@ async def get_producer(producer_id: str, rt: RuntimeDep) -> JSONResponse:
 @router.get("/producers")
 async def list_producers(rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
     page = await rt.admin.list_stakeholders("producer", cursor)
-    urls = [f"/producer/{item.id}" for item in page.items]
+    urls = [views.stakeholder_path("producer", item.id) for item in page.items]
     return JSONResponse(views.url_list("/producers", urls, page))
 
 
@@ -64,5 +64,5 @@ async def get_channel(channel_id: str, rt: RuntimeDep) -> JSONResponse:
 @router.get("/channels")
 async def list_channels(rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
     page = await rt.admin.list_stakeholders("channel", cursor)
-    urls = [f"/channel/{item.id}" for item in page.items]
+    urls = [views.stakeholder_path("channel", item.id) for item in page.items]
     return JSONResponse(views.url_list("/channels", urls, page))
