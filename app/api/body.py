@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from app.domain.errors import InvalidInput
+
+T = TypeVar("T")
 
 
 async def json_object(request: Request, *, empty_ok: bool = False) -> dict[str, Any]:
@@ -52,3 +55,14 @@ def optional_str(value: object, name: str) -> str | None:
     if not isinstance(value, str):
         raise InvalidInput(f"{name} must be a string")
     return value
+
+
+async def body_after_credentials(
+    parse: Callable[[], Awaitable[T]], authenticate: Callable[[], Awaitable[object]]
+) -> T:
+    """Parse a body; when it is bad, check credentials first so their 404/403/401/412 win."""
+    try:
+        return await parse()
+    except InvalidInput:
+        await authenticate()
+        raise

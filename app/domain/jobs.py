@@ -35,22 +35,23 @@ SEED_TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
 
 
 def parse_next_state(value: object) -> JobStatus:
+    """Any job status; QUEUED is only ever good for "already there" (the Go original's Q -> Q)."""
     if not isinstance(value, str):
         raise InvalidInput("NextState must be one of INFLIGHT, DELIVERED, DEAD")
     try:
-        status = JobStatus(value)
+        return JobStatus(value)
     except ValueError:
         raise InvalidInput(f"unknown NextState {value!r}") from None
-    if status is JobStatus.QUEUED:
-        raise InvalidInput("NextState must be one of INFLIGHT, DELIVERED, DEAD")
-    return status
 
 
 def check_seed_transition(
     current: JobStatus, target: JobStatus, incremental_timeout: int | None
 ) -> bool:
-    """Validate a seed-API move; False means "already there, change nothing"."""
-    if incremental_timeout is not None and not (
+    """Validate a seed-API move; False means "already there, change nothing".
+
+    An IncrementalTimeout of 0 means none, as in the Go original (an unsigned zero value).
+    """
+    if incremental_timeout and not (
         target is JobStatus.INFLIGHT and current in (JobStatus.QUEUED, JobStatus.DEAD)
     ):
         raise InvalidInput(

@@ -6,10 +6,10 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api import views
-from app.api.body import json_object, whole_number
+from app.api.body import body_after_credentials, json_object, whole_number
 from app.api.deps import CredentialsDep, CursorDep, RuntimeDep
 from app.domain.errors import InvalidInput
-from app.domain.jobs import parse_next_state
+from app.domain.jobs import JobStatus, parse_next_state
 from app.services.delivery import ConsumerCredentials
 
 router = APIRouter(tags=["pull (seed spec)"])
@@ -50,10 +50,14 @@ async def queued_jobs(
 async def set_job_state(
     job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Request
 ) -> Response:
-    body = await json_object(request)
-    target = parse_next_state(body.get("NextState"))
-    raw_timeout = body.get("IncrementalTimeout")
-    timeout = None if raw_timeout is None else whole_number(raw_timeout, "IncrementalTimeout")
+
+    async def parse() -> tuple[JobStatus, int | None]:
+        body = await json_object(request)
+        target = parse_next_state(body.get("NextState"))
+        raw = body.get("IncrementalTimeout")
+        return target, None if raw is None else whole_number(raw, "IncrementalTimeout")
+
+    target, timeout = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
     await rt.delivery.set_state(creds, job_id, target, timeout)
     return Response(status_code=202)
 

@@ -8,7 +8,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api import views
-from app.api.body import json_object, optional_str, seconds, whole_number
+from app.api.body import (
+    body_after_credentials,
+    json_object,
+    optional_str,
+    seconds,
+    whole_number,
+)
 from app.api.deps import CredentialsDep, RuntimeDep
 from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
@@ -63,7 +69,11 @@ def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
 
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/pull")
 async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
-    pull_request = parse_pull(await json_object(request, empty_ok=True))
+
+    async def parse() -> PullRequest:
+        return parse_pull(await json_object(request, empty_ok=True))
+
+    pull_request = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
     result = await rt.delivery.pull(creds, pull_request)
     return JSONResponse(
         {"Jobs": [views.pulled_job(j) for j in result.jobs], "Pending": result.pending}
@@ -72,8 +82,11 @@ async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONR
 
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/ack")
 async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Response:
-    body = await json_object(request, empty_ok=True)
-    item = parse_ack(body, job_id=0)
+
+    async def parse() -> AckItem:
+        return parse_ack(await json_object(request, empty_ok=True), job_id=0)
+
+    item = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
     outcome = await rt.delivery.ack(creds, job_id, item)
     if item.type is AckType.PROGRESS:
         return JSONResponse({"LeaseExpiresAt": views.iso(outcome.lease_expires_at)})
@@ -82,11 +95,14 @@ async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Reque
 
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/ack")
 async def ack_many(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
-    body = await json_object(request)
-    acks = body.get("acks")
-    if not isinstance(acks, list) or not all(isinstance(a, dict) for a in acks):
-        raise InvalidInput("acks must be a list of objects")
-    items = [parse_ack(a) for a in acks]
+
+    async def parse() -> list[AckItem]:
+        acks = (await json_object(request)).get("acks")
+        if not isinstance(acks, list) or not all(isinstance(a, dict) for a in acks):
+            raise InvalidInput("acks must be a list of objects")
+        return [parse_ack(a) for a in acks]
+
+    items = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
     outcomes = await rt.delivery.ack_many(creds, items)
     return JSONResponse(
         {
