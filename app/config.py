@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
-from app.domain.jobs import RetryPolicy
+from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ConsumerType
 
 ENV_PREFIX = "WEBHOOK_BROKER__"
@@ -80,6 +80,19 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "max-expires-seconds": "300",
         "max-waiting": "512",
         "sweep-batch-size": "500",
+    },
+    "pipeline": {
+        "archive-root": "webhook-broker-archive",
+        "report-root": "webhook-broker-report",
+        "retention-days": "7",
+        "terminal-statuses": "DELIVERED,DEAD",
+        "batch-size": "100000",
+        "max-batches": "0",
+        "jdbc-partitions": "4",
+        "jdbc-fetch-size": "10000",
+        "jdbc-jar": "/usr/share/java/postgresql.jar",
+        "master": "",
+        "shuffle-partitions": "8",
     },
 }
 
@@ -159,6 +172,23 @@ class PullConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """[pipeline]: the Spark archive and report jobs (docs/pipeline.md)."""
+
+    archive_root: str
+    report_root: str
+    retention_days: int
+    terminal_statuses: tuple[str, ...]
+    batch_size: int
+    max_batches: int  # 0: until nothing is left
+    jdbc_partitions: int
+    jdbc_fetch_size: int
+    jdbc_jar: str
+    master: str  # empty: spark-submit's master, else local[*]
+    shuffle_partitions: int
+
+
+@dataclass(frozen=True, slots=True)
 class SeedConsumer:
     id: str
     channel_id: str
@@ -192,6 +222,7 @@ class Config:
     broker: BrokerConfig
     consumer_connection: ConsumerConnectionConfig
     pull: PullConfig
+    pipeline: PipelineConfig
     seed: SeedData = field(default_factory=SeedData)
     sources: tuple[str, ...] = ()
 
@@ -415,8 +446,42 @@ def _build(parser: configparser.ConfigParser) -> Config:
         broker=broker,
         consumer_connection=connection,
         pull=pull,
+        pipeline=_build_pipeline(parser),
         seed=_build_seed(parser),
     )
+
+
+def _build_pipeline(parser: configparser.ConfigParser) -> PipelineConfig:
+    def get(key: str, convert: Callable[[str], T]) -> T:
+        return _get(parser, "pipeline", key, convert)
+
+    return PipelineConfig(
+        archive_root=get("archive-root", _non_empty),
+        report_root=get("report-root", _non_empty),
+        retention_days=get("retention-days", _non_negative_int),
+        terminal_statuses=get("terminal-statuses", _terminal_statuses),
+        batch_size=get("batch-size", _positive_int),
+        max_batches=get("max-batches", _non_negative_int),
+        jdbc_partitions=get("jdbc-partitions", _positive_int),
+        jdbc_fetch_size=get("jdbc-fetch-size", _positive_int),
+        jdbc_jar=get("jdbc-jar", _non_empty),
+        master=get("master", str),
+        shuffle_partitions=get("shuffle-partitions", _positive_int),
+    )
+
+
+def _non_empty(raw: str) -> str:
+    if not raw:
+        raise ValueError("must not be empty")
+    return raw
+
+
+def _terminal_statuses(raw: str) -> tuple[str, ...]:
+    allowed = (JobStatus.DELIVERED.value, JobStatus.DEAD.value)
+    values = tuple(dict.fromkeys(part.strip().upper() for part in raw.split(",") if part.strip()))
+    if not values or any(value not in allowed for value in values):
+        raise ValueError("must list DELIVERED and/or DEAD")
+    return values
 
 
 def _header_name(raw: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
+    CheckConstraint,
     Column,
     ForeignKey,
     Index,
@@ -15,6 +17,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -132,4 +135,45 @@ Index(
     job.c.id,
     postgresql_where=text("status = 'QUEUED'"),
     sqlite_where=text("status = 'QUEUED'"),
+)
+
+# -- archive state of the Spark pipeline (app/pipeline; migration 0002_pipeline) -------------
+# A batch moves PLANNED -> EXPORTED -> DELETED. Its member messages are frozen at planning,
+# with a fingerprint of their jobs, so the delete only removes messages whose jobs did not move.
+archive_batch = Table(
+    "archive_batch",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("status", String(16), nullable=False),
+    Column("cutoff", Timestamp(), nullable=False),
+    Column("message_count", Integer(), nullable=False, server_default="0"),
+    Column("job_count", Integer(), nullable=False, server_default="0"),
+    Column("first_message_pk", BigInteger(), nullable=True),
+    Column("last_message_pk", BigInteger(), nullable=True),
+    Column("deleted_message_count", Integer(), nullable=False, server_default="0"),
+    Column("deleted_job_count", Integer(), nullable=False, server_default="0"),
+    Column("kept_message_count", Integer(), nullable=False, server_default="0"),
+    # False while the Parquet files still hold kept (not deleted) messages.
+    Column("finalized", Boolean(), nullable=False, server_default=false()),
+    Column("planned_at", Timestamp(), nullable=False),
+    Column("exported_at", Timestamp(), nullable=True),
+    Column("deleted_at", Timestamp(), nullable=True),
+    CheckConstraint("status IN ('PLANNED', 'EXPORTED', 'DELETED')", name="status"),
+    Index("ix_archive_batch_status", "status"),
+)
+
+archive_batch_message = Table(
+    "archive_batch_message",
+    metadata,
+    Column(
+        "batch_id",
+        BigInteger(),
+        ForeignKey("archive_batch.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    # No foreign key: the point of a batch is to delete these messages.
+    Column("message_pk", BigInteger(), primary_key=True),
+    Column("job_count", Integer(), nullable=False),
+    Column("jobs_hash", String(32), nullable=False),
+    Column("kept", Boolean(), nullable=False, server_default=false()),
 )
