@@ -81,6 +81,21 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "max-waiting": "512",
         "sweep-batch-size": "500",
     },
+    "nats": {
+        "mode": "client",
+        "url": "nats://127.0.0.1:4222",
+        "leaf-url": "",
+        "api-prefix": "$JS.API",
+        "ack-prefix": "$WB.ACK",
+        "queue-group": "webhook-broker-bridge",
+        "user": "",
+        "password": "",
+        "token": "",
+        "credentials": "",
+        "leaf-user": "",
+        "leaf-password": "",
+        "leaf-token": "",
+    },
     "pipeline": {
         "archive-root": "webhook-broker-archive",
         "report-root": "webhook-broker-report",
@@ -223,6 +238,7 @@ class Config:
     consumer_connection: ConsumerConnectionConfig
     pull: PullConfig
     pipeline: PipelineConfig
+    nats: NatsConfig = field(default_factory=lambda: NatsConfig())
     seed: SeedData = field(default_factory=SeedData)
     sources: tuple[str, ...] = ()
 
@@ -447,6 +463,7 @@ def _build(parser: configparser.ConfigParser) -> Config:
         consumer_connection=connection,
         pull=pull,
         pipeline=_build_pipeline(parser),
+        nats=_build_nats(parser),
         seed=_build_seed(parser),
     )
 
@@ -603,3 +620,76 @@ def _seed_consumer(parser: configparser.ConfigParser, key: str, url: str) -> See
 def _is_absolute_url(url: str) -> bool:
     parsed = urlparse(url)
     return parsed.scheme in ("http", "https") and bool(parsed.netloc)
+
+
+# -- [nats]: the NATS bridge (`webhook-broker bridge`) --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NatsConfig:
+    """mode=client: one client connection, acks under ack-prefix (any NATS server).
+    mode=hybrid: the client connection answers the API; a leafnode connection to leaf-url
+    delivers with `$JS.ACK.` replies (msg.metadata works) and receives the acks."""
+
+    mode: str = "client"
+    url: str = "nats://127.0.0.1:4222"
+    leaf_url: str = ""
+    api_prefix: str = "$JS.API"
+    ack_prefix: str = "$WB.ACK"
+    queue_group: str = "webhook-broker-bridge"
+    user: str = ""
+    password: str = ""
+    token: str = ""
+    credentials: str = ""
+    leaf_user: str = ""
+    leaf_password: str = ""
+    leaf_token: str = ""
+
+
+def _nats_mode(raw: str) -> str:
+    if raw.lower() not in ("client", "hybrid"):
+        raise ValueError("must be client or hybrid")
+    return raw.lower()
+
+
+def _nats_url(raw: str) -> str:
+    for url in raw.split(","):
+        if urlparse(url.strip()).scheme not in ("nats", "tls", "nats-leaf") or ":" not in url:
+            raise ValueError("must be nats://host:port (several separated by commas)")
+    return raw
+
+
+def _nats_prefix(raw: str) -> str:
+    if not raw or any(ch in raw for ch in " *>\t") or raw.startswith(".") or raw.endswith("."):
+        raise ValueError("must be a subject prefix without wildcards, e.g. $JS.API")
+    return raw
+
+
+def _build_nats(parser: configparser.ConfigParser) -> NatsConfig:
+    mode = _get(parser, "nats", "mode", _nats_mode)
+    leaf_url = _get(parser, "nats", "leaf-url", str)
+    if mode == "hybrid":
+        if not leaf_url:
+            raise ConfigError("[nats] leaf-url: mode=hybrid needs the server's leafnode URL")
+        _get(parser, "nats", "leaf-url", _nats_url)
+    ack_prefix = _get(parser, "nats", "ack-prefix", _nats_prefix)
+    if mode == "client" and (ack_prefix + ".").startswith("$JS.ACK."):
+        raise ConfigError(
+            f"[nats] ack-prefix={ack_prefix!r}: a client connection may not publish with a "
+            "$JS.ACK reply (the server refuses it); use mode=hybrid or another prefix"
+        )
+    return NatsConfig(
+        mode=mode,
+        url=_get(parser, "nats", "url", _nats_url),
+        leaf_url=leaf_url,
+        api_prefix=_get(parser, "nats", "api-prefix", _nats_prefix),
+        ack_prefix=ack_prefix,
+        queue_group=_get(parser, "nats", "queue-group", str),
+        user=_get(parser, "nats", "user", str),
+        password=_get(parser, "nats", "password", str),
+        token=_get(parser, "nats", "token", str),
+        credentials=_get(parser, "nats", "credentials", str),
+        leaf_user=_get(parser, "nats", "leaf-user", str),
+        leaf_password=_get(parser, "nats", "leaf-password", str),
+        leaf_token=_get(parser, "nats", "leaf-token", str),
+    )

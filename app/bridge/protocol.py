@@ -1,0 +1,594 @@
+"""The JetStream pull wire grammar the bridge speaks, free of I/O.
+
+Pull request bodies (`$JS.API.CONSUMER.MSG.NEXT`), status header blocks, the ack reply subject,
+ack payloads, Go durations, and the JSON documents of the JetStream API, exactly as nats-server
+2.15 writes them (see shared/protocol/nats-jetstream-pull.md, sections 4 to 9).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+NANOS = 1_000_000_000
+HEADER_LINE = b"NATS/1.0"
+CRLF = b"\r\n"
+
+# -- status codes and their exact descriptions --------------------------------------------------
+
+HEARTBEAT = (100, "Idle Heartbeat")
+NO_MESSAGES = (404, "No Messages")
+REQUEST_TIMEOUT = (408, "Request Timeout")
+EXCEEDED_MAX_WAITING = (409, "Exceeded MaxWaiting")
+MESSAGE_SIZE_EXCEEDS = (409, "Message Size Exceeds MaxBytes")
+BATCH_COMPLETED = (409, "Batch Completed")
+CONSUMER_DELETED = (409, "Consumer Deleted")
+PUSH_BASED = (409, "Consumer is push based")
+
+
+class BadRequest(ValueError):
+    """A pull request the server answers with `400 Bad Request - <detail>`."""
+
+    @property
+    def description(self) -> str:
+        return f"Bad Request - {self}"
+
+
+# -- Go durations -------------------------------------------------------------------------------
+
+_UNITS: dict[str, int] = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # micro sign
+    "\u03bcs": 1_000,  # Greek mu
+    "ms": 1_000_000,
+    "s": NANOS,
+    "m": 60 * NANOS,
+    "h": 3600 * NANOS,
+}
+_DURATION_PART = re.compile(r"(\d*)(?:\.(\d*))?([^\d.]+)")
+
+
+def parse_go_duration(text: str) -> int:
+    """Nanoseconds of a Go duration string such as `300ms`, `1h2m3.5s` or `-1.5us`."""
+    raw = text
+    if not text:
+        raise ValueError(f"time: invalid duration {raw!r}")
+    sign = 1
+    if text[0] in "+-":
+        sign = -1 if text[0] == "-" else 1
+        text = text[1:]
+    if text == "0":
+        return 0
+    if not text:
+        raise ValueError(f"time: invalid duration {raw!r}")
+    total = 0
+    pos = 0
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if match is None:
+            raise ValueError(f"time: invalid duration {raw!r}")
+        whole, fraction, unit = match.group(1), match.group(2), match.group(3)
+        if not whole and not fraction:
+            raise ValueError(f"time: invalid duration {raw!r}")
+        scale = _UNITS.get(unit)
+        if scale is None:
+            if not unit:
+                raise ValueError(f"time: missing unit in duration {raw!r}")
+            raise ValueError(f"time: unknown unit {unit!r} in duration {raw!r}")
+        total += int(whole or "0") * scale
+        if fraction:
+            total += int(fraction) * scale // 10 ** len(fraction)
+        pos = match.end()
+    return sign * total
+
+
+def _fraction(value: int, unit: int) -> str:
+    whole, rest = divmod(value, unit)
+    if rest == 0:
+        return str(whole)
+    digits = str(rest).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
+
+
+def format_go_duration(nanos: int) -> str:
+    """Go's time.Duration.String(): `0s`, `1.5ms`, `5m0s`, `1h0m30s`."""
+    if nanos == 0:
+        return "0s"
+    sign = "-" if nanos < 0 else ""
+    value = abs(nanos)
+    if value < 1_000:
+        return f"{sign}{value}ns"
+    if value < 1_000_000:
+        return f"{sign}{_fraction(value, 1_000)}\u00b5s"
+    if value < NANOS:
+        return f"{sign}{_fraction(value, 1_000_000)}ms"
+    seconds, rest = divmod(value, NANOS)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    text = f"{_fraction(seconds * NANOS + rest, NANOS)}s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{text}"
+    if minutes:
+        return f"{sign}{minutes}m{text}"
+    return f"{sign}{text}"
+
+
+# -- pull request bodies ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PullSpec:
+    """One parsed MSG.NEXT body; durations in nanoseconds, 0 meaning "not set"."""
+
+    batch: int = 1
+    expires: int = 0
+    no_wait: bool = False
+    max_bytes: int = 0
+    heartbeat: int = 0
+    is_json: bool = False
+
+
+# Field name -> Go type, as in nats-server's JSApiConsumerGetNextRequest.
+_NEXT_FIELDS: dict[str, str] = {
+    "expires": "time.Duration",
+    "batch": "int",
+    "max_bytes": "int",
+    "no_wait": "bool",
+    "idle_heartbeat": "time.Duration",
+    "group": "string",
+    "min_pending": "int64",
+    "min_ack_pending": "int64",
+    "id": "string",
+    "priority": "int",
+}
+_NEXT_STRUCT = "JSApiConsumerGetNextRequest"
+_INT_RE = re.compile(r"^[+-]?\d+$")
+
+
+def parse_pull_request(body: bytes) -> PullSpec:
+    """Read a MSG.NEXT body as the server does: empty, an integer, or a JSON object."""
+    text = body.strip()
+    if not text:
+        return PullSpec()
+    if text[:1] != b"{":
+        try:
+            decoded = text.decode("ascii")
+        except UnicodeDecodeError:
+            return PullSpec()
+        if _INT_RE.match(decoded):
+            return PullSpec(batch=max(int(decoded), 1))
+        return PullSpec()
+    values = _decode_go_object(text, _NEXT_STRUCT, _NEXT_FIELDS)
+    batch = int(values.get("batch") or 0)
+    expires = max(int(values.get("expires") or 0), 0)
+    heartbeat = int(values.get("idle_heartbeat") or 0)
+    if heartbeat > 0 and heartbeat * 2 > expires:
+        raise BadRequest("heartbeat value too large")
+    return PullSpec(
+        batch=max(batch, 1),
+        expires=expires,
+        no_wait=bool(values.get("no_wait") or False),
+        max_bytes=max(int(values.get("max_bytes") or 0), 0),
+        heartbeat=max(heartbeat, 0),
+        is_json=True,
+    )
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _go_json_error(exc: json.JSONDecodeError) -> str:
+    """The message Go's encoding/json gives for the same syntax error."""
+    doc, pos = exc.doc, exc.pos
+    if pos >= len(doc) or exc.msg.startswith("Unterminated string"):
+        return "unexpected end of JSON input"
+    char = doc[pos]
+    quoted = "'\\''" if char == "'" else f"'{char}'"
+    context = {
+        "Expecting property name enclosed in double quotes": (
+            "looking for beginning of object key string"
+        ),
+        "Expecting ':' delimiter": "after object key",
+        "Expecting ',' delimiter": "after object key:value pair",
+        "Expecting value": "looking for beginning of value",
+        "Extra data": "after top-level value",
+    }.get(exc.msg, "looking for beginning of value")
+    if context == "after object key:value pair" and _inside_array(doc, pos):
+        context = "after array element"
+    return f"invalid character {quoted} {context}"
+
+
+def _inside_array(doc: str, pos: int) -> bool:
+    depth: list[str] = []
+    in_string = escaped = False
+    for char in doc[:pos]:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth.append(char)
+        elif char in "]}" and depth:
+            depth.pop()
+    return bool(depth) and depth[-1] == "["
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _decode_go_object(
+    text: bytes, struct: str, fields: Mapping[str, str]
+) -> dict[str, int | bool | str]:
+    """json.Unmarshal into a Go struct: field names match case-insensitively, types are checked."""
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(_go_json_error(exc)) from None
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("invalid character looking for beginning of value") from None
+    if not isinstance(raw, dict):
+        raise BadRequest(f"json: cannot unmarshal {_json_kind(raw)} into Go value of type {struct}")
+    values: dict[str, int | bool | str] = {}
+    for key, value in raw.items():
+        name = key if key in fields else next((f for f in fields if f.lower() == key.lower()), None)
+        if name is None or value is None:
+            continue
+        go_type = fields[name]
+        where = f"Go struct field {struct}.{name} of type {go_type}"
+        if go_type == "bool":
+            if not isinstance(value, bool):
+                raise BadRequest(f"json: cannot unmarshal {_json_kind(value)} into {where}")
+        elif go_type == "string":
+            if not isinstance(value, str):
+                raise BadRequest(f"json: cannot unmarshal {_json_kind(value)} into {where}")
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise BadRequest(f"json: cannot unmarshal {_json_kind(value)} into {where}")
+        elif isinstance(value, float) or not -(2**63) <= value < 2**63:
+            literal = json.dumps(value)
+            raise BadRequest(f"json: cannot unmarshal number {literal} into {where}")
+        values[name] = value
+    return values
+
+
+# -- header blocks ------------------------------------------------------------------------------
+
+
+def _clean(value: str) -> str:
+    return value.replace("\r", " ").replace("\n", " ").strip()
+
+
+def status_block(code: int, description: str, headers: Iterable[tuple[str, str]] = ()) -> bytes:
+    """`NATS/1.0 <code> <description>` plus headers: a header-only status message."""
+    lines = [f"NATS/1.0 {code} {description}"]
+    lines.extend(f"{name}: {_clean(value)}" for name, value in headers)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def pending_headers(messages: int, byte_count: int) -> list[tuple[str, str]]:
+    return [("Nats-Pending-Messages", str(messages)), ("Nats-Pending-Bytes", str(byte_count))]
+
+
+def heartbeat_block(last_consumer_seq: int, last_stream_seq: int) -> bytes:
+    code, description = HEARTBEAT
+    return status_block(
+        code,
+        description,
+        [
+            ("Nats-Last-Consumer", str(last_consumer_seq)),
+            ("Nats-Last-Stream", str(last_stream_seq)),
+        ],
+    )
+
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+
+
+def message_header_block(headers: Iterable[tuple[str, str]]) -> bytes:
+    """`NATS/1.0` and the message's headers (names that are not valid tokens are dropped)."""
+    lines = ["NATS/1.0"]
+    lines.extend(f"{name}: {_clean(value)}" for name, value in headers if _HEADER_NAME.match(name))
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A status read back from a header block (for tests and tools)."""
+
+    code: int
+    description: str
+    headers: dict[str, str]
+
+
+def parse_header_block(block: bytes) -> tuple[Status | None, dict[str, str]]:
+    text = block.decode("utf-8", "replace")
+    lines = text.split("\r\n")
+    first = lines[0]
+    if not first.startswith("NATS/1.0"):
+        raise ValueError("not a NATS header block")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, _, value = line.partition(":")
+        headers[name.strip()] = value.strip()
+    rest = first[len("NATS/1.0") :].strip()
+    if not rest:
+        return None, headers
+    code_text, _, description = rest.partition(" ")
+    return Status(int(code_text), description, headers), headers
+
+
+# -- ack reply subjects ------------------------------------------------------------------------
+
+DEFAULT_ACK_PREFIX = "$JS.ACK"
+
+
+@dataclass(frozen=True, slots=True)
+class AckToken:
+    """The fields of `<prefix>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts ns>.<pending>`."""
+
+    stream: str
+    consumer: str
+    delivered: int
+    stream_seq: int
+    consumer_seq: int
+    timestamp: int
+    pending: int
+
+
+def ack_subject(prefix: str, token: AckToken) -> str:
+    return (
+        f"{prefix}.{token.stream}.{token.consumer}.{token.delivered}.{token.stream_seq}."
+        f"{token.consumer_seq}.{token.timestamp}.{token.pending}"
+    )
+
+
+def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
+    """The token of a v1 ack subject under `prefix`; None for anything else."""
+    if not subject.startswith(prefix + "."):
+        return None
+    parts = subject[len(prefix) + 1 :].split(".")
+    if len(parts) != 7 or not parts[0] or not parts[1]:
+        return None
+    try:
+        numbers = [int(part) for part in parts[2:]]
+    except ValueError:
+        return None
+    if any(n < 0 for n in numbers) or numbers[0] < 1 or numbers[1] < 1:
+        return None
+    delivered, stream_seq, consumer_seq, timestamp, pending = numbers
+    return AckToken(parts[0], parts[1], delivered, stream_seq, consumer_seq, timestamp, pending)
+
+
+# -- ack payloads -------------------------------------------------------------------------------
+
+
+class AckKind(enum.StrEnum):
+    ACK = "ack"
+    NAK = "nak"
+    PROGRESS = "progress"
+    TERM = "term"
+    NEXT = "next"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class AckCommand:
+    kind: AckKind
+    delay: float | None = None  # seconds, NAK only
+    reason: str | None = None  # TERM only
+    next_request: bytes = b""  # NEXT only: the pull request that follows the ack
+
+
+def parse_ack(body: bytes) -> AckCommand:
+    """Ack payload as processAck reads it; an unreadable NAK delay is a plain NAK."""
+    if body in (b"", b"+ACK", b"+OK"):
+        return AckCommand(AckKind.ACK)
+    if body.startswith(b"+NXT"):
+        return AckCommand(AckKind.NEXT, next_request=body[4:].strip())
+    if body.startswith(b"-NAK"):
+        return AckCommand(AckKind.NAK, delay=_nak_delay(body[4:].strip()))
+    if body == b"+WPI":
+        return AckCommand(AckKind.PROGRESS)
+    if body.startswith(b"+TERM"):
+        reason = body[5:].strip().decode("utf-8", "replace")
+        return AckCommand(AckKind.TERM, reason=reason or None)
+    return AckCommand(AckKind.UNKNOWN)
+
+
+def _nak_delay(rest: bytes) -> float | None:
+    if not rest:
+        return None
+    nanos = 0
+    if rest[:1] == b"{":
+        try:
+            decoded = json.loads(rest)
+        except ValueError:
+            return None
+        delay = decoded.get("delay") if isinstance(decoded, dict) else None
+        if isinstance(delay, int) and not isinstance(delay, bool):
+            nanos = delay
+    else:
+        try:
+            nanos = parse_go_duration(rest.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return None
+    return nanos / NANOS if nanos > 0 else None
+
+
+# -- subjects -----------------------------------------------------------------------------------
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a trailing `>` one or more."""
+    want = pattern.split(".")
+    have = subject.split(".")
+    for index, token in enumerate(want):
+        if token == ">":
+            return len(have) > index
+        if index >= len(have) or (token != "*" and token != have[index]):
+            return False
+    return len(want) == len(have)
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether some subject matches both patterns (STREAM.NAMES with a wildcard filter)."""
+    left, right = a.split("."), b.split(".")
+    for index in range(max(len(left), len(right))):
+        x = left[index] if index < len(left) else None
+        y = right[index] if index < len(right) else None
+        if x == ">" or y == ">":
+            return x is not None and y is not None
+        if x is None or y is None:
+            return False
+        if x != y and "*" not in (x, y):
+            return False
+    return True
+
+
+# -- JSON documents -----------------------------------------------------------------------------
+
+INFO_TYPE = "io.nats.jetstream.api.v1.consumer_info_response"
+CREATE_TYPE = "io.nats.jetstream.api.v1.consumer_create_response"
+NAMES_TYPE = "io.nats.jetstream.api.v1.stream_names_response"
+
+
+def rfc3339(moment: datetime) -> str:
+    """UTC with a `Z`, as Go prints it (fraction only when non-zero)."""
+    utc = moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    text = utc.strftime("%Y-%m-%dT%H:%M:%S")
+    if utc.microsecond:
+        text += f".{utc.microsecond:06d}".rstrip("0")
+    return text + "Z"
+
+
+def api_error(kind: str, code: int, err_code: int, description: str) -> bytes:
+    document = {
+        "type": kind,
+        "error": {"code": code, "err_code": err_code, "description": description},
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def stream_not_found(kind: str) -> bytes:
+    return api_error(kind, 404, 10059, "stream not found")
+
+
+def consumer_not_found(kind: str) -> bytes:
+    return api_error(kind, 404, 10014, "consumer not found")
+
+
+def stream_names(names: Sequence[str], offset: int = 0, limit: int = 1024) -> bytes:
+    page = list(names[offset : offset + limit])
+    document = {
+        "type": NAMES_TYPE,
+        "total": len(names),
+        "offset": offset,
+        "limit": limit,
+        "streams": page,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceInfo:
+    consumer_seq: int
+    stream_seq: int
+    last_active: datetime | None = None
+
+    def document(self) -> dict[str, object]:
+        out: dict[str, object] = {"consumer_seq": self.consumer_seq, "stream_seq": self.stream_seq}
+        if self.last_active is not None:
+            out["last_active"] = rfc3339(self.last_active)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerView:
+    """What CONSUMER.INFO reports about one pull consumer."""
+
+    stream: str
+    name: str
+    created: datetime
+    ack_wait: int  # ns
+    max_deliver: int
+    max_waiting: int
+    max_ack_pending: int
+    max_batch: int
+    max_expires: int  # ns
+    delivered: SequenceInfo
+    ack_floor: SequenceInfo
+    num_ack_pending: int
+    num_redelivered: int
+    num_waiting: int
+    num_pending: int
+    backoff: tuple[int, ...] = ()
+
+
+def consumer_info(view: ConsumerView, now: datetime, kind: str = INFO_TYPE) -> bytes:
+    config: dict[str, object] = {
+        "durable_name": view.name,
+        "name": view.name,
+        "deliver_policy": "all",
+        "ack_policy": "explicit",
+        "ack_wait": view.ack_wait,
+        "max_deliver": view.max_deliver,
+        "filter_subject": view.stream,
+        "replay_policy": "instant",
+        "max_waiting": view.max_waiting,
+        "max_ack_pending": view.max_ack_pending,
+        "max_batch": view.max_batch,
+        "max_expires": view.max_expires,
+        "num_replicas": 0,
+    }
+    if view.backoff:
+        config["backoff"] = list(view.backoff)
+    document = {
+        "type": kind,
+        "stream_name": view.stream,
+        "name": view.name,
+        "created": rfc3339(view.created),
+        "config": config,
+        "delivered": view.delivered.document(),
+        "ack_floor": view.ack_floor.document(),
+        "num_ack_pending": view.num_ack_pending,
+        "num_redelivered": view.num_redelivered,
+        "num_waiting": view.num_waiting,
+        "num_pending": view.num_pending,
+        "ts": rfc3339(now),
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def advisory(kind: str, advisory_id: str, now: datetime, fields: Mapping[str, object]) -> bytes:
+    """A `$JS.EVENT.ADVISORY.CONSUMER.*` document: type, id, timestamp, then the fields."""
+    document: dict[str, object] = {"type": kind, "id": advisory_id, "timestamp": rfc3339(now)}
+    document.update(fields)
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+NAK_ADVISORY = "io.nats.jetstream.advisory.v1.nak"
+TERMINATED_ADVISORY = "io.nats.jetstream.advisory.v1.terminated"
+MAX_DELIVER_ADVISORY = "io.nats.jetstream.advisory.v1.max_deliver"
+ADVISORY_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER"

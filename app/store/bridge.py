@@ -1,0 +1,143 @@
+"""Statements only the NATS bridge needs: the delivery sequence, per-consumer delivery state,
+and releasing a claim that could not be delivered.
+
+Claims, acks, naks, terms and lease extensions are NOT here: the bridge uses JobStore's
+statements for those, like every other entry point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Sequence, case, func, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.domain.jobs import JobStatus
+from app.store.db import Tx, now
+from app.store.schema import bridge_consumer, bridge_counter, channel, job
+
+# The one database sequence behind every delivery's consumer_seq (migration 0002_bridge).
+delivery_seq = Sequence("bridge_delivery_seq")
+
+QUEUED = JobStatus.QUEUED.value
+INFLIGHT = JobStatus.INFLIGHT.value
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryState:
+    """What CONSUMER.INFO reports beyond the queue counts."""
+
+    last_delivery_seq: int
+    last_stream_seq: int
+    last_delivered_at: datetime | None
+    redelivered: int
+    outstanding: int
+    first_outstanding_id: int | None
+
+
+class BridgeStore:
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+        self._now = now(tx.dialect)
+
+    async def next_delivery_seqs(self, count: int) -> list[int]:
+        """`count` fresh delivery sequence numbers, ascending."""
+        if count <= 0:
+            return []
+        if self._tx.dialect == "postgresql":
+            query = select(delivery_seq.next_value()).select_from(func.generate_series(1, count))
+            return sorted(int(v) for v in (await self._tx.conn.execute(query)).scalars())
+        bump = (
+            update(bridge_counter)
+            .where(bridge_counter.c.name == "delivery")
+            .values(value=bridge_counter.c.value + count)
+            .returning(bridge_counter.c.value)
+        )
+        last = int((await self._tx.conn.execute(bump)).scalar_one())
+        return list(range(last - count + 1, last + 1))
+
+    async def record_delivery(self, consumer_pk: int, last_seq: int, last_stream_seq: int) -> None:
+        """Remember the newest delivery of a consumer (never moves backwards)."""
+        table = bridge_consumer
+        dialect_insert = postgresql.insert if self._tx.dialect == "postgresql" else sqlite.insert
+        stmt = dialect_insert(table).values(
+            consumer_pk=consumer_pk,
+            last_delivery_seq=last_seq,
+            last_stream_seq=last_stream_seq,
+            last_delivered_at=self._now,
+        )
+        excluded = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[table.c.consumer_pk],
+            set_={
+                "last_delivery_seq": _greater(
+                    excluded.last_delivery_seq, table.c.last_delivery_seq
+                ),
+                "last_stream_seq": _greater(excluded.last_stream_seq, table.c.last_stream_seq),
+                "last_delivered_at": excluded.last_delivered_at,
+            },
+        )
+        await self._tx.conn.execute(stmt)
+
+    async def delivery_state(self, consumer_pk: int) -> DeliveryState:
+        row = (
+            await self._tx.conn.execute(
+                select(
+                    bridge_consumer.c.last_delivery_seq,
+                    bridge_consumer.c.last_stream_seq,
+                    bridge_consumer.c.last_delivered_at,
+                ).where(bridge_consumer.c.consumer_pk == consumer_pk)
+            )
+        ).first()
+        delivered = job.c.attempt >= 1
+        open_ = job.c.status.in_((QUEUED, INFLIGHT))
+        counts = (
+            await self._tx.conn.execute(
+                select(
+                    func.count().filter(job.c.attempt >= 2),
+                    func.count().filter(delivered),
+                    func.min(job.c.id).filter(delivered),
+                ).where(job.c.consumer_pk == consumer_pk, open_)
+            )
+        ).one()
+        return DeliveryState(
+            last_delivery_seq=int(row.last_delivery_seq) if row else 0,
+            last_stream_seq=int(row.last_stream_seq) if row else 0,
+            last_delivered_at=row.last_delivered_at if row else None,
+            redelivered=int(counts[0]),
+            outstanding=int(counts[1]),
+            first_outstanding_id=int(counts[2]) if counts[2] is not None else None,
+        )
+
+    async def release(self, consumer_pk: int, targets: Seq[tuple[int, int]]) -> int:
+        """INFLIGHT -> QUEUED for claims that were never handed to anyone: due now, the attempt
+        given back, no retry counted (fenced on (id, attempt) so a later claim is untouched)."""
+        if not targets:
+            return 0
+        result = await self._tx.conn.execute(
+            update(job)
+            .where(
+                job.c.consumer_pk == consumer_pk,
+                job.c.status == INFLIGHT,
+                tuple_(job.c.id, job.c.attempt).in_(list(targets)),
+            )
+            .values(
+                status=QUEUED,
+                attempt=job.c.attempt - 1,
+                lease_expires_at=None,
+                earliest_next_attempt_at=self._now,
+                status_changed_at=self._now,
+            )
+        )
+        return int(result.rowcount or 0)
+
+    async def channel_ids(self) -> list[str]:
+        rows = await self._tx.conn.execute(select(channel.c.id).order_by(channel.c.id))
+        return [str(v) for v in rows.scalars()]
+
+
+def _greater(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]:
+    return case((a > b, a), else_=b)
