@@ -47,6 +47,17 @@ async def put_consumer(client: httpx.AsyncClient, consumer_id: str, **fields: st
     return PullConsumer(consumer_id, form["token"])
 
 
+async def update_consumer(
+    client: httpx.AsyncClient, who: PullConsumer, **fields: str
+) -> httpx.Response:
+    """PUT new fields on an existing consumer (updates need If-Unmodified-Since)."""
+    r = await client.get(who.base)
+    assert r.status_code == 200, r.text
+    form = {"token": who.token, "type": "pull", **fields}
+    headers = {"If-Unmodified-Since": r.headers["Last-Modified"]}
+    return await client.put(who.base, data=form, headers=headers)
+
+
 async def setup_channel(
     client: httpx.AsyncClient, *consumer_ids: str, **fields: str
 ) -> list[PullConsumer]:
@@ -176,3 +187,20 @@ async def job_status(client: httpx.AsyncClient, who: PullConsumer, job_id: objec
     assert r.status_code == 200, r.text
     status: str = r.json()["Status"]
     return status
+
+
+async def consumer_pk(rt: Runtime, consumer_id: str) -> int:
+    async with rt.db.transaction() as tx:
+        query = select(consumer.c.pk).where(
+            consumer.c.channel_id == CHANNEL, consumer.c.consumer_id == consumer_id
+        )
+        return int((await tx.conn.execute(query)).scalar_one())
+
+
+async def until_waiting(rt: Runtime, pk: int, count: int = 1, within: float = 10.0) -> None:
+    """Let the event loop run until `count` requests wait on the consumer's queue."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while rt.signals.waiting(pk) < count:
+        assert loop.time() < deadline, f"{rt.signals.waiting(pk)} waiting, expected {count}"
+        await asyncio.sleep(0.005)
