@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="API + sweeper in one process; migrates and seeds on start")
     sub.add_parser("api", help="the HTTP API only")
     sub.add_parser("sweeper", help="the requeue sweeper only")
+    sub.add_parser("dispatcher", help="push delivery to callback URLs only")
     sub.add_parser("migrate", help="migrate the database to the newest schema and exit")
     return parser
 
@@ -39,8 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "migrate":
         migrate(config)
         return 0
-    if args.command == "sweeper":
-        return asyncio.run(run_sweeper(config))
+    if args.command in ("sweeper", "dispatcher"):
+        return asyncio.run(run_worker(config, args.command))
     if args.command == "serve":
         migrate(config)
     return run_api(config, with_sweeper=args.command == "serve")
@@ -59,7 +60,7 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     from app.api.app import create_app
     from app.runtime import Runtime
 
-    runtime = Runtime(config, run_sweeper=with_sweeper)
+    runtime = Runtime(config, run_sweeper=with_sweeper, run_dispatcher=with_sweeper)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
@@ -100,16 +101,19 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     return 0 if server.started else 1
 
 
-async def run_sweeper(config: Config) -> int:
+async def run_worker(config: Config, command: str) -> int:
+    """A background process (sweeper or dispatcher) that runs until SIGTERM or SIGINT."""
     from app.runtime import Runtime
 
-    runtime = Runtime(config, run_sweeper=True)
+    runtime = Runtime(
+        config, run_sweeper=command == "sweeper", run_dispatcher=command == "dispatcher"
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runtime.start(seed=False)
-    log.info("sweeper running every %ss", config.broker.rational_delay_seconds)
+    log.info("%s running", command)
     await stop.wait()
     await runtime.stop()
     return 0

@@ -20,6 +20,7 @@ def setup_logging(config: LogConfig) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.level)
-    # Driver chatter at DEBUG would include statement parameters; keep it out of broker logs.
-    for noisy in ("sqlalchemy", "aiosqlite", "psycopg", "httpcore", "httpx"):
-        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLevelName(config.level)))
+    # SQLAlchemy logs statements with their parameters (tokens among them) at INFO, and the
+    # drivers and HTTP client are chatty: only their warnings reach broker logs.
+    for noisy in ("sqlalchemy", "aiosqlite", "psycopg", "httpcore", "httpx", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

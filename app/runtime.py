@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from app.config import Config
+from app.dispatch.dispatcher import Dispatcher, close_quietly, http_client
 from app.services.admin import AdminService
 from app.services.delivery import DeliveryService, PullLimits
 from app.services.messages import MessageQueries
 from app.services.publishing import PublishingService
+from app.services.push import PushService
 from app.services.seeding import apply_seed
 from app.services.sweeping import SweepService
 from app.store.db import Database
@@ -28,6 +31,7 @@ class Runtime:
 
     config: Config
     run_sweeper: bool = False
+    run_dispatcher: bool = False
     signals: Signals = field(default_factory=Signals)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -52,7 +56,11 @@ class Runtime:
         self.sweeps = SweepService(
             self.db, config.broker.retry_policy, config.pull.sweep_batch_size
         )
+        self.push = PushService(
+            self.db, config.broker.retry_policy, config.default_ack_wait_seconds
+        )
         self.listener: NotifyListener | None = None
+        self._closers: list[Callable[[], Awaitable[None]]] = []
 
     async def start(self, *, seed: bool = True) -> None:
         if seed:
@@ -65,6 +73,24 @@ class Runtime:
         if self.run_sweeper:
             sweeper = Sweeper(self.sweeps, self.config.broker.rational_delay_seconds)
             self._spawn(sweeper.run(self._stop), "sweeper")
+        if self.run_dispatcher:
+            self._start_dispatcher()
+
+    def _start_dispatcher(self) -> None:
+        broker = self.config.broker
+        connection = self.config.consumer_connection
+        client = http_client(connection.connection_timeout_seconds, broker.max_workers)
+        self._closers.append(lambda: close_quietly(client))
+        dispatcher = Dispatcher(
+            self.push,
+            self.signals,
+            client,
+            max_workers=broker.max_workers,
+            idle_seconds=broker.rational_delay_seconds,
+            token_header=connection.token_header_name,
+            user_agent=connection.user_agent,
+        )
+        self._spawn(dispatcher.run(self._stop), "push-dispatcher")
 
     def _spawn(self, coro: object, name: str) -> None:
         assert asyncio.iscoroutine(coro)
@@ -77,4 +103,6 @@ class Runtime:
             for task in pending:
                 task.cancel()
             self._tasks.clear()
+        for close in self._closers:
+            await close()
         await self.db.dispose()

@@ -40,14 +40,19 @@ async def pull_consumer(
     channel_token: str | None,
     consumer_id: str,
     consumer_token: str | None,
+    *,
+    require_pull: bool = True,
 ) -> Consumer:
-    """404 channel, 403 channel token, 401 unknown consumer, 403 consumer token, 412 push."""
+    """404 channel, 403 channel token, 401 unknown consumer, 403 consumer token, 412 push.
+
+    Job reads and the dead-letter queue serve push consumers too (require_pull=False).
+    """
     await channel_with_token(tx, channel_id, channel_token)
     consumer = await ConsumerStore(tx).get(channel_id, consumer_id)
     if consumer is None:
         raise Unauthenticated(f"consumer {consumer_id!r} does not exist in this channel")
     if not tokens_match(consumer_token, consumer.token):
         raise Forbidden("consumer token does not match")
-    if consumer.type is not ConsumerType.PULL:
+    if require_pull and consumer.type is not ConsumerType.PULL:
         raise PreconditionFailed(f"consumer {consumer_id!r} is a push consumer")
     return consumer

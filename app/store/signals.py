@@ -7,6 +7,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+# Subscribing to this key hears about every consumer (the push dispatcher serves them all).
+ANY_CONSUMER = -1
+
 
 class Signals:
     """Fan-out of "this consumer's queue changed" to every local waiter.
@@ -19,8 +22,13 @@ class Signals:
         self._waiters: defaultdict[int, set[asyncio.Event]] = defaultdict(set)
 
     def wake(self, consumer_pks: Iterable[int]) -> None:
+        woke_any = False
         for pk in consumer_pks:
             for event in self._waiters.get(pk, ()):
+                event.set()
+            woke_any = True
+        if woke_any:
+            for event in self._waiters.get(ANY_CONSUMER, ()):
                 event.set()
 
     def wake_all(self) -> None:

@@ -1,0 +1,173 @@
+"""The push dispatcher: claims due jobs of push consumers and POSTs them to callback URLs.
+
+Nothing lives only in memory: a job is leased in the database before it is sent, and its
+outcome is recorded with one fenced, conditional update. A crash mid-delivery leaves the job
+INFLIGHT until its lease expires; then the sweeper requeues it and it is delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+
+import httpx
+
+from app.services.push import PushJob, PushService
+from app.store.signals import ANY_CONSUMER, Signals
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Broker-Signature"
+
+
+def sign(token: str, timestamp: int, body: bytes) -> str:
+    """`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed by the consumer token>`."""
+    digest = hmac.new(token.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={digest.hexdigest()}"
+
+
+def delivery_headers(
+    job: PushJob, *, token_header: str, user_agent: str, now: float | None = None
+) -> dict[str, str]:
+    message = job.claimed.message
+    headers = dict(message.headers)
+    headers.update(
+        {
+            "Content-Type": message.content_type,
+            "X-Broker-Message-Priority": str(message.priority),
+            "X-Broker-Message-ID": message.message_id,
+            "X-Broker-Channel-ID": message.channel_id,
+            "X-Broker-Consumer-ID": job.consumer.id,
+            token_header: job.consumer.token,
+            "User-Agent": user_agent,
+            "X-Request-ID": uuid.uuid4().hex,
+            "X-Broker-Delivery-Attempt": str(job.claimed.job.attempt),
+            SIGNATURE_HEADER: sign(job.consumer.token, int(now or time.time()), message.payload),
+        }
+    )
+    if message.headers:
+        headers["X-Broker-Metadata-Headers"] = ",".join(message.headers)
+    return headers
+
+
+class Dispatcher:
+    """At most `max_workers` deliveries in flight; idle, it queries no more often than needed."""
+
+    def __init__(
+        self,
+        push: PushService,
+        signals: Signals,
+        http: httpx.AsyncClient,
+        *,
+        max_workers: int,
+        idle_seconds: float,
+        token_header: str,
+        user_agent: str,
+    ) -> None:
+        self._push = push
+        self._signals = signals
+        self._http = http
+        self._max_workers = max_workers
+        self._idle = idle_seconds
+        self._token_header = token_header
+        self._user_agent = user_agent
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        with self._signals.subscribe(ANY_CONSUMER) as woken:
+            while not stop.is_set():
+                woken.clear()
+                wait = self._idle
+                try:
+                    wait = await self.dispatch_once()
+                except Exception:
+                    log.exception("push claim failed; retrying after the idle interval")
+                await self._sleep(stop, woken, wait)
+        await self.drain()
+
+    async def dispatch_once(self) -> float:
+        """Claim into every free worker slot; returns how long to wait before the next claim."""
+        self._slot_freed.clear()
+        free = self._max_workers - len(self._tasks)
+        if free <= 0:
+            return self._idle
+        claim = await self._push.claim(free)
+        for job in claim.jobs:
+            task = asyncio.create_task(self._deliver(job), name=f"push-{job.claimed.job.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+        if len(claim.jobs) == free:
+            # Every slot is busy now; a finishing delivery wakes the loop for the next claim.
+            return self._idle
+        if claim.next_due_at is None:
+            return self._idle
+        until_due = (claim.next_due_at - datetime.now(UTC)).total_seconds()
+        return max(0.01, min(self._idle, until_due))
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slot_freed.set()
+
+    async def _sleep(self, stop: asyncio.Event, woken: asyncio.Event, seconds: float) -> None:
+        waiters = [
+            asyncio.ensure_future(stop.wait()),
+            asyncio.ensure_future(woken.wait()),
+            asyncio.ensure_future(self._slot_freed.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def drain(self) -> None:
+        """Let in-flight deliveries finish (each is bounded by the HTTP timeout)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    async def _deliver(self, job: PushJob) -> None:
+        message = job.claimed.message
+        headers = delivery_headers(
+            job, token_header=self._token_header, user_agent=self._user_agent
+        )
+        error: str | None = None
+        try:
+            response = await self._http.post(
+                job.consumer.callback_url, content=message.payload, headers=headers
+            )
+            if not 200 <= response.status_code < 300:
+                error = f"HTTP {response.status_code}"
+        except httpx.TimeoutException:
+            error = "timed out"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        try:
+            if error is None:
+                await self._push.delivered(job)
+            else:
+                status = await self._push.failed(job, error)
+                log.info("push of job %s failed (%s); now %s", job.claimed.job.id, error, status)
+        except Exception:
+            # The lease is still in the database: the sweeper will retry this job.
+            log.exception("recording the outcome of job %s failed", job.claimed.job.id)
+
+
+def http_client(timeout_seconds: float, max_workers: int) -> httpx.AsyncClient:
+    """Pooled client; redirects are not followed (a 3xx is a failed delivery)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_seconds),
+        follow_redirects=False,
+        limits=httpx.Limits(max_connections=max_workers, max_keepalive_connections=max_workers),
+    )
+
+
+async def close_quietly(client: httpx.AsyncClient) -> None:
+    with contextlib.suppress(Exception):
+        await client.aclose()

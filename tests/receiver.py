@@ -1,0 +1,82 @@
+"""A real HTTP receiver on loopback for push-delivery tests (threads, no mocks)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Receiver:
+    """Records every POST; `respond(path, attempt_number)` picks (status, delay seconds)."""
+
+    url: str
+    requests: list[Received] = field(default_factory=list)
+    respond: Callable[[str, int], tuple[int, float]] = lambda _path, _n: (200, 0.0)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, path: str) -> int:
+        with self.lock:
+            return sum(1 for r in self.requests if r.path == path)
+
+    def by_message(self) -> Counter[str]:
+        with self.lock:
+            return Counter(r.headers.get("x-broker-message-id", "") for r in self.requests)
+
+
+@contextmanager
+def running_receiver() -> Iterator[Receiver]:
+    receiver = Receiver(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's naming
+            length = int(self.headers.get("Content-Length", "0"))
+            body = self.rfile.read(length)
+            with receiver.lock:
+                receiver.requests.append(
+                    Received(
+                        self.path,
+                        {k.lower(): v for k, v in self.headers.items()},
+                        body,
+                        time.monotonic(),
+                    )
+                )
+                n = sum(1 for r in receiver.requests if r.path == self.path)
+            status, delay = receiver.respond(self.path, n)
+            if delay:
+                time.sleep(delay)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    receiver.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, name="receiver", daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()

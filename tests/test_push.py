@@ -1,0 +1,242 @@
+"""Push delivery to a real HTTP receiver on loopback, on PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from app.api.app import create_app
+from app.config import Config
+from app.runtime import Runtime
+from tests.receiver import Receiver, running_receiver
+
+CHANNEL_AUTH = {"X-Broker-Channel-Token": "ct"}
+CONSUMER_AUTH = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "kt"}
+
+
+@pytest.fixture
+def extra_config() -> str:
+    return (
+        "[broker]\nmax-retry=2\nretry-backoff-delays-in-seconds=1\n"
+        "rational-delay-in-seconds=1\nmax-workers=4\n"
+        "[consumer-connection]\nconnection-timeout-in-seconds=1\n"
+        "token-header-name=X-Hook-Token\nuser-agent=wb-test-agent\n"
+    )
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with running_receiver() as r:
+        yield r
+
+
+@pytest.fixture
+async def push_runtime(config: Config) -> AsyncIterator[Runtime]:
+    rt = Runtime(config, run_sweeper=True, run_dispatcher=True)
+    await rt.start()
+    try:
+        yield rt
+    finally:
+        await rt.stop()
+
+
+@pytest.fixture
+async def push_client(config: Config, push_runtime: Runtime) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=create_app(config, push_runtime))
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+        yield http
+
+
+async def setup_push(http: httpx.AsyncClient, url: str) -> None:
+    assert (await http.put("/channel/c1", data={"token": "ct"})).status_code == 200
+    assert (await http.put("/producer/p1", data={"token": "pt"})).status_code == 200
+    r = await http.put("/channel/c1/consumer/k1", data={"token": "kt", "callbackUrl": url})
+    assert r.status_code == 200, r.text
+
+
+async def publish(http: httpx.AsyncClient, body: bytes, message_id: str, **headers: str) -> None:
+    r = await http.post(
+        "/channel/c1/broadcast",
+        content=body,
+        headers={
+            "X-Broker-Channel-Token": "ct",
+            "X-Broker-Producer-ID": "p1",
+            "X-Broker-Producer-Token": "pt",
+            "X-Broker-Message-ID": message_id,
+            **headers,
+        },
+    )
+    assert r.status_code == 201, r.text
+
+
+async def job_of(http: httpx.AsyncClient, message_id: str) -> dict[str, object]:
+    r = await http.get(f"/channel/c1/message/{message_id}")
+    assert r.status_code == 200, r.text
+    jobs = r.json()["Jobs"]
+    assert len(jobs) == 1
+    job_id = jobs[0]["ID"]
+    r = await http.get(f"/channel/c1/consumer/k1/job/{job_id}", headers=CONSUMER_AUTH)
+    assert r.status_code == 200, r.text
+    body: dict[str, object] = r.json()
+    return body
+
+
+async def wait_for_status(
+    http: httpx.AsyncClient, message_id: str, status: str, timeout: float = 20.0
+) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await job_of(http, message_id)
+        if job["Status"] == status:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job of {message_id} is {job['Status']}, expected {status}")
+        await asyncio.sleep(0.05)
+
+
+async def test_delivers_payload_headers_and_a_verifiable_signature(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    await setup_push(push_client, receiver.url + "/hook")
+    await publish(
+        push_client,
+        b'{"hello": "world"}',
+        "m-1",
+        **{
+            "Content-Type": "application/json",
+            "X-Broker-Message-Priority": "7",
+            "X-Broker-Metadata-Headers": "X-Tenant,X-Trace",
+            "X-Tenant": "acme",
+            "X-Trace": "abc123",
+        },
+    )
+    job = await wait_for_status(push_client, "m-1", "DELIVERED")
+    assert job["Attempt"] == 1
+    assert receiver.count("/hook") == 1
+    got = receiver.requests[0]
+    assert got.body == b'{"hello": "world"}'
+    h = got.headers
+    assert h["content-type"] == "application/json"
+    assert h["x-broker-message-priority"] == "7"
+    assert h["x-broker-message-id"] == "m-1"
+    assert h["x-broker-channel-id"] == "c1"
+    assert h["x-broker-consumer-id"] == "k1"
+    assert h["x-hook-token"] == "kt"
+    assert h["user-agent"] == "wb-test-agent"
+    assert h["x-request-id"]
+    assert h["x-broker-delivery-attempt"] == "1"
+    assert h["x-tenant"] == "acme" and h["x-trace"] == "abc123"
+    assert set(h["x-broker-metadata-headers"].split(",")) == {"X-Tenant", "X-Trace"}
+    # What a receiver does to verify: recompute the HMAC over "<t>.<body>" with its token.
+    parts = dict(item.split("=", 1) for item in h["x-broker-signature"].split(","))
+    expected = hmac.new(b"kt", parts["t"].encode() + b"." + got.body, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(parts["v1"], expected)
+    assert abs(int(parts["t"]) - time.time()) < 60
+
+
+async def test_two_failures_then_success_take_three_attempts(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    receiver.respond = lambda _path, n: (503 if n <= 2 else 200, 0.0)
+    await setup_push(push_client, receiver.url + "/flaky")
+    await publish(push_client, b"payload", "m-flaky")
+    job = await wait_for_status(push_client, "m-flaky", "DELIVERED")
+    assert receiver.count("/flaky") == 3
+    assert job["Attempt"] == 3 and job["RetryCount"] == 2
+    attempts = [r.headers["x-broker-delivery-attempt"] for r in receiver.requests]
+    assert attempts == ["1", "2", "3"]
+
+
+async def test_always_failing_receiver_dead_letters_with_last_status(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    receiver.respond = lambda _path, _n: (500, 0.0)
+    await setup_push(push_client, receiver.url + "/broken")
+    await publish(push_client, b"payload", "m-dead")
+    job = await wait_for_status(push_client, "m-dead", "DEAD")
+    # max-retry=2: one first attempt and two retries.
+    assert receiver.count("/broken") == 3
+    assert job["LastError"] == "HTTP 500"
+    r = await push_client.get("/channel/c1/consumer/k1/dlq", headers=CONSUMER_AUTH)
+    assert r.status_code == 200
+    dead = r.json()["DeadJobs"]
+    assert len(dead) == 1 and dead[0]["LastError"] == "HTTP 500"
+
+
+async def test_receiver_slower_than_timeout_is_a_failure(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    receiver.respond = lambda _path, n: (200, 2.0 if n == 1 else 0.0)
+    await setup_push(push_client, receiver.url + "/slow")
+    await publish(push_client, b"payload", "m-slow")
+    job = await wait_for_status(push_client, "m-slow", "DELIVERED")
+    assert receiver.count("/slow") == 2
+    assert job["LastError"] == "timed out"
+
+
+async def test_redirects_are_not_followed(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    receiver.respond = lambda _path, _n: (302, 0.0)
+    await setup_push(push_client, receiver.url + "/moved")
+    await publish(push_client, b"payload", "m-moved")
+    job = await wait_for_status(push_client, "m-moved", "DEAD")
+    assert job["LastError"] == "HTTP 302"
+
+
+async def test_priority_order_holds_when_workers_are_saturated(
+    config: Config, receiver: Receiver
+) -> None:
+    import dataclasses
+
+    one_worker = dataclasses.replace(
+        config, broker=dataclasses.replace(config.broker, max_workers=1)
+    )
+    publisher = Runtime(one_worker)
+    await publisher.start()
+    transport = httpx.ASGITransport(app=create_app(one_worker, publisher))
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+        await setup_push(http, receiver.url + "/ordered")
+        priorities = [1, 5, 3, 5, 1, 9, 3]
+        for n, priority in enumerate(priorities):
+            await publish(http, b"x", f"m{n}", **{"X-Broker-Message-Priority": str(priority)})
+    await publisher.stop()
+
+    dispatcher = Runtime(one_worker, run_dispatcher=True)
+    await dispatcher.start()
+    try:
+        deadline = time.monotonic() + 20
+        while receiver.count("/ordered") < len(priorities) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        await dispatcher.stop()
+    order = [r.headers["x-broker-message-id"] for r in receiver.requests]
+    expected = sorted(range(len(priorities)), key=lambda n: (-priorities[n], n))
+    assert order == [f"m{n}" for n in expected]
+
+
+async def test_switching_a_consumer_to_pull_stops_pushes(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    receiver.respond = lambda _path, _n: (500, 0.0)
+    await setup_push(push_client, receiver.url + "/switch")
+    r = await push_client.get("/channel/c1/consumer/k1")
+    r = await push_client.put(
+        "/channel/c1/consumer/k1",
+        data={"token": "kt", "type": "pull"},
+        headers={"If-Unmodified-Since": r.headers["Last-Modified"]},
+    )
+    assert r.status_code == 200, r.text
+    await publish(push_client, b"payload", "m-pull")
+    await asyncio.sleep(1.5)
+    assert receiver.count("/switch") == 0
+    r = await push_client.post(
+        "/channel/c1/consumer/k1/pull", json={"batch": 1, "no_wait": True}, headers=CONSUMER_AUTH
+    )
+    assert r.status_code == 200 and len(r.json()["Jobs"]) == 1
