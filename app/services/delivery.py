@@ -107,9 +107,16 @@ class DeliveryService:
     def ack_wait(self, consumer: Consumer) -> int:
         return consumer.ack_wait_seconds or self._default_ack_wait
 
-    async def _consumer(self, tx: Tx, creds: ConsumerCredentials) -> Consumer:
+    async def _consumer(
+        self, tx: Tx, creds: ConsumerCredentials, *, any_type: bool = False
+    ) -> Consumer:
         return await pull_consumer(
-            tx, creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
+            tx,
+            creds.channel_id,
+            creds.channel_token,
+            creds.consumer_id,
+            creds.consumer_token,
+            require_pull=not any_type,
         )
 
     # -- the seed spec -------------------------------------------------------------------------
@@ -161,7 +168,7 @@ class DeliveryService:
 
     async def get_job(self, creds: ConsumerCredentials, job_id: str) -> ClaimedJob:
         async with self._db.transaction() as tx:
-            consumer = await self._consumer(tx, creds)
+            consumer = await self._consumer(tx, creds, any_type=True)
             found = await JobStore(tx).get_with_message(parse_job_id(job_id), consumer.pk)
         if found is None:
             raise NotFound(f"job {job_id!r} not found for this consumer")
@@ -169,7 +176,7 @@ class DeliveryService:
 
     async def requeue_dead_job(self, creds: ConsumerCredentials, job_id: str) -> None:
         async with self._db.transaction() as tx:
-            consumer = await self._consumer(tx, creds)
+            consumer = await self._consumer(tx, creds, any_type=True)
             store = JobStore(tx)
             jid = parse_job_id(job_id)
             if not await store.requeue_dead(consumer.pk, jid):
@@ -181,12 +188,12 @@ class DeliveryService:
 
     async def dead_jobs(self, creds: ConsumerCredentials, cursor: Cursor, limit: int) -> Page[Job]:
         async with self._db.transaction() as tx:
-            consumer = await self._consumer(tx, creds)
+            consumer = await self._consumer(tx, creds, any_type=True)
             return await JobStore(tx).dead(consumer.pk, cursor, limit)
 
     async def requeue_all_dead(self, creds: ConsumerCredentials) -> int:
         async with self._db.transaction() as tx:
-            consumer = await self._consumer(tx, creds)
+            consumer = await self._consumer(tx, creds, any_type=True)
             requeued = await JobStore(tx).requeue_dead(consumer.pk)
             if requeued:
                 tx.announce([consumer.pk])
@@ -194,7 +201,7 @@ class DeliveryService:
 
     async def delete_dead_job(self, creds: ConsumerCredentials, job_id: str) -> None:
         async with self._db.transaction() as tx:
-            consumer = await self._consumer(tx, creds)
+            consumer = await self._consumer(tx, creds, any_type=True)
             store = JobStore(tx)
             jid = parse_job_id(job_id)
             if not await store.delete_dead(consumer.pk, jid):
@@ -364,7 +371,7 @@ class DeliveryService:
                 outcomes[jid] = AckOutcome(
                     jid,
                     409,
-                    f"attempt {wanted[jid].attempt} is stale; job {jid} is on attempt {found.attempt}",
+                    f"attempt {wanted[jid].attempt} is stale; the job is on attempt {found.attempt}",
                 )
 
     def _announce_capacity(self, tx: Tx, consumer: Consumer) -> None:

@@ -90,7 +90,7 @@ class JobStore:
 
     async def claim(
         self,
-        consumer_pk: int,
+        consumer_pk: int | Sequence[int],
         *,
         limit: int,
         ack_wait: int,
@@ -100,13 +100,17 @@ class JobStore:
     ) -> list[ClaimedJob]:
         """Lease up to `limit` due jobs, highest priority first, oldest first within a priority."""
         if max_ack_pending is not None:
+            assert isinstance(consumer_pk, int)
             limit = min(limit, max_ack_pending - await self._inflight_locked(consumer_pk))
         if limit <= 0:
             return []
         due = (
             select(job.c.id, job.c.payload_size)
             .where(
-                job.c.consumer_pk == consumer_pk,
+                # Several consumers at once is the push dispatcher's case.
+                job.c.consumer_pk == consumer_pk
+                if isinstance(consumer_pk, int)
+                else job.c.consumer_pk.in_(consumer_pk),
                 job.c.status == QUEUED,
                 job.c.earliest_next_attempt_at <= self._now,
             )
@@ -158,6 +162,14 @@ class JobStore:
             return {}
         rows = await self._tx.conn.execute(select(message).where(message.c.pk.in_(pks)))
         return {row.pk: message_from_row(row) for row in rows}
+
+    async def next_due(self, consumer_pks: Sequence[int]) -> datetime | None:
+        """When the earliest queued job of these consumers falls due (None: nothing queued)."""
+        query = select(func.min(job.c.earliest_next_attempt_at)).where(
+            job.c.consumer_pk.in_(consumer_pks), job.c.status == QUEUED
+        )
+        value: datetime | None = (await self._tx.conn.execute(query)).scalar_one()
+        return value
 
     async def stats(self, consumer_pk: int) -> QueueStats:
         """Due queued jobs (count and bytes), when the next one falls due, and in-flight count."""
@@ -291,11 +303,13 @@ class JobStore:
         *,
         delay: float | None = None,
         reason: str,
+        last_error: str | None = None,
     ) -> list[Job]:
         """INFLIGHT -> QUEUED, retry + 1, due after `delay` or the backoff; DEAD when exhausted."""
-        return await self._transition(
-            self._inflight(consumer_pk, targets), self._failure_values(policy, delay, reason)
-        )
+        values = self._failure_values(policy, delay, reason)
+        if last_error is not None:
+            values["last_error"] = last_error
+        return await self._transition(self._inflight(consumer_pk, targets), values)
 
     def _failure_values(
         self, policy: RetryPolicy, delay: float | None, reason: str
