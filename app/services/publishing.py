@@ -17,6 +17,17 @@ DEFAULT_CONTENT_TYPE = "application/octet-stream"
 MAX_CONTENT_TYPE_LENGTH = 255
 # message.priority and job.priority are 32-bit INTEGER columns.
 MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+# Credentials are never copied into a message's metadata, where every reader would see them.
+SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "x-broker-channel-token",
+        "x-broker-producer-token",
+        "x-broker-consumer-token",
+    }
+)
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
@@ -50,7 +61,7 @@ def parse_priority(raw: str | None) -> int:
 
 
 def metadata_headers(names: str | None, headers: Mapping[str, str]) -> dict[str, str]:
-    """The request headers named in X-Broker-Metadata-Headers, as sent."""
+    """The request headers named in X-Broker-Metadata-Headers, as sent, minus credentials."""
     if not names:
         return {}
     picked: dict[str, str] = {}
@@ -60,6 +71,8 @@ def metadata_headers(names: str | None, headers: Mapping[str, str]) -> dict[str,
             continue
         if not _HEADER_NAME.match(name):
             raise InvalidInput(f"X-Broker-Metadata-Headers names an invalid header {name!r}")
+        if name.lower() in SECRET_HEADERS:
+            continue
         value = headers.get(name)
         if value:
             picked[name] = value
