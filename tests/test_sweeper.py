@@ -1,0 +1,229 @@
+"""The requeue sweep: expired leases back to QUEUED with backoff, or DEAD after max-retry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from app.domain.jobs import backoff_seconds
+from app.runtime import Runtime
+from app.services.sweeping import SweepService
+from app.sweeper.runner import Sweeper
+from tests.helpers_pull import (
+    PullConsumer,
+    consumer_pk,
+    expire_leases,
+    job_row,
+    job_rows,
+    make_due,
+    publish,
+    publish_many,
+    pull,
+    pull_jobs,
+    setup_channel,
+    status_counts,
+    until_waiting,
+)
+
+
+@pytest.fixture
+async def k1(client: httpx.AsyncClient) -> PullConsumer:
+    return (await setup_channel(client, "k1"))[0]
+
+
+def seconds(later: object, earlier: object) -> float:
+    delta = later - earlier  # type: ignore[operator]
+    return float(delta.total_seconds())
+
+
+async def expire_and_sweep(runtime: Runtime, job_id: int) -> None:
+    await expire_leases(runtime, [job_id])
+    assert await runtime.sweeps.sweep_all() == 1
+
+
+@pytest.mark.parametrize(
+    ("extra_config", "delays", "max_retry"),
+    [
+        ("", (5, 30, 60), 5),
+        ("[broker]\nretry-backoff-delays-in-seconds=2,7\nmax-retry=4\n", (2, 7), 4),
+        ("[broker]\nretry-backoff-delays-in-seconds=3\nmax-retry=3\n", (3,), 3),
+    ],
+)
+async def test_every_retry_waits_the_backoff_then_the_job_dies(
+    client: httpx.AsyncClient,
+    k1: PullConsumer,
+    runtime: Runtime,
+    delays: tuple[int, ...],
+    max_retry: int,
+) -> None:
+    await publish(client, "x")
+    [job] = await pull_jobs(client, k1)
+    for retry in range(1, max_retry + 1):
+        await expire_and_sweep(runtime, job["ID"])
+        row = await job_row(runtime, job["ID"])
+        assert (row.status, row.retry_count, row.timeout_count) == ("QUEUED", retry, retry)
+        assert row.lease_expires_at is None
+        wait = seconds(row.earliest_next_attempt_at, row.status_changed_at)
+        assert wait == pytest.approx(backoff_seconds(delays, retry), abs=0.01), retry
+        assert await pull_jobs(client, k1) == []  # not due before the backoff ends
+        await make_due(runtime, [job["ID"]])
+        [again] = await pull_jobs(client, k1)
+        assert again["Attempt"] == retry + 1
+    await expire_and_sweep(runtime, job["ID"])
+    row = await job_row(runtime, job["ID"])
+    assert (row.status, row.retry_count) == ("DEAD", max_retry)
+    assert "lease expired" in row.dead_reason
+    dlq = (await client.get(f"{k1.base}/dlq", headers=k1.auth)).json()["DeadJobs"]
+    assert [d["ID"] for d in dlq] == [str(job["ID"])]
+
+
+@pytest.mark.parametrize("extra_config", ["[broker]\nmax-retry=0\n"])
+async def test_no_retries_means_the_first_expiry_dead_letters(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
+) -> None:
+    await publish(client, "x")
+    [job] = await pull_jobs(client, k1)
+    await expire_and_sweep(runtime, job["ID"])
+    assert (await job_row(runtime, job["ID"])).status == "DEAD"
+
+
+async def test_sweep_leaves_live_leases_and_other_states_alone(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
+) -> None:
+    for n in range(5):
+        await publish(client, f"m{n}")
+    jobs = await pull_jobs(client, k1, batch=4)
+    ids = [j["ID"] for j in jobs]
+    r = await client.post(f"{k1.job(ids[0])}/ack", json={}, headers=k1.auth)
+    assert r.status_code == 202
+    r = await client.post(f"{k1.job(ids[1])}/ack", json={"type": "term"}, headers=k1.auth)
+    assert r.status_code == 202
+    before = {row.id: row for row in await job_rows(runtime)}
+    # ids[2] expired, ids[3] still leased (32 s), and one job still queued.
+    await expire_leases(runtime, [ids[2]])
+    assert await runtime.sweeps.sweep_all() == 1
+    after = {row.id: row for row in await job_rows(runtime)}
+    assert after[ids[2]].status == "QUEUED"
+    for job_id, row in before.items():
+        if job_id != ids[2]:
+            assert after[job_id] == row
+    assert await runtime.sweeps.sweep_all() == 0
+
+
+@pytest.mark.parametrize("extra_config", ["[pull]\nsweep-batch-size=3\n"])
+async def test_sweep_moves_bounded_batches(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
+) -> None:
+    for n in range(10):
+        await publish(client, f"m{n}")
+    ids = [j["ID"] for j in await pull_jobs(client, k1, batch=10)]
+    await expire_leases(runtime, ids)
+    assert await runtime.sweeps.sweep_once() == 3
+    assert (await status_counts(runtime)) == {"QUEUED": 3, "INFLIGHT": 7}
+    assert await runtime.sweeps.sweep_all() == 7
+    assert (await status_counts(runtime)) == {"QUEUED": 10}
+
+
+async def test_concurrent_sweepers_split_the_work(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime, backend: str
+) -> None:
+    """Two sweepers with their own engines (two processes) never move the same job twice."""
+    total = 400
+    await publish_many(runtime, total)
+    ids = []
+    while batch := await pull_jobs(client, k1, batch=200):
+        ids += [j["ID"] for j in batch]
+    assert len(ids) == total
+    await expire_leases(runtime, ids)
+    other = Runtime(runtime.config)
+    await other.start(seed=False)
+    try:
+        sweepers = [
+            SweepService(runtime.db, runtime.config.broker.retry_policy, 7),
+            SweepService(runtime.db, runtime.config.broker.retry_policy, 7),
+            SweepService(other.db, runtime.config.broker.retry_policy, 11),
+            SweepService(other.db, runtime.config.broker.retry_policy, 11),
+        ]
+        moved = await asyncio.gather(*(s.sweep_all() for s in sweepers))
+    finally:
+        await other.stop()
+    print(f"\n{backend}: sweepers moved {moved}")
+    assert sum(moved) == total
+    rows = await job_rows(runtime)
+    assert {(r.status, r.retry_count, r.timeout_count) for r in rows} == {("QUEUED", 1, 1)}
+
+
+@pytest.mark.parametrize("extra_config", ["[broker]\nretry-backoff-delays-in-seconds=1\n"])
+async def test_sweep_wakes_a_waiting_pull(client: httpx.AsyncClient, runtime: Runtime) -> None:
+    """The waiter saw nothing queued, so only the sweep's wake-up tells it to look again."""
+    [k1] = await setup_channel(client, "k1")
+    await publish(client, "x")
+    [job] = await pull_jobs(client, k1)
+    waiting = asyncio.create_task(pull(client, k1, expires=25))
+    await until_waiting(runtime, await consumer_pk(runtime, "k1"))
+    await asyncio.sleep(0.2)
+    await expire_leases(runtime, [job["ID"]])
+    assert await runtime.sweeps.sweep_all() == 1
+    swept = time.monotonic()
+    r = await asyncio.wait_for(waiting, timeout=15)
+    elapsed = time.monotonic() - swept
+    assert [(j["ID"], j["Attempt"]) for j in r.json()["Jobs"]] == [(job["ID"], 2)]
+    assert 0.5 <= elapsed < 6  # woken by the sweep, then waited out the 1 s backoff
+
+
+@pytest.mark.parametrize(
+    "extra_config",
+    ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=1\nmax-retry=1\n"],
+)
+async def test_sweeper_loop_requeues_and_dead_letters_on_its_own(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    [k1] = await setup_channel(client, "k1", ackWait="1")
+    await publish(client, "x")
+    stop = asyncio.Event()
+    sweeper = Sweeper(runtime.sweeps, runtime.config.broker.rational_delay_seconds)
+    task = asyncio.create_task(sweeper.run(stop))
+    try:
+        [first] = await pull_jobs(client, k1)
+        # Lease 1 s, sweep every 1 s, backoff 1 s: the job comes back as attempt 2.
+        started = time.monotonic()
+        [second] = await pull_jobs(client, k1, no_wait=False, expires=15)
+        assert second["Attempt"] == 2
+        assert 1.5 <= time.monotonic() - started < 10
+        assert first["ID"] == second["ID"]
+        # Attempt 2 expires too, and with max-retry=1 the sweeper dead-letters it.
+        deadline = time.monotonic() + 15
+        while (await job_row(runtime, first["ID"])).status != "DEAD":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    row = await job_row(runtime, first["ID"])
+    assert (row.retry_count, row.timeout_count) == (1, 2)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+@pytest.mark.parametrize(
+    "extra_config", ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=1\n"]
+)
+async def test_sweeper_process_wakes_pulls_of_another_process(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    """A separate sweeper process (its own Runtime) wakes the puller of this one by NOTIFY.
+
+    SQLite has no cross-process wake-ups: there, the sweeper runs in the serving process.
+    """
+    [k1] = await setup_channel(client, "k1", ackWait="1")
+    await publish(client, "x")
+    [first] = await pull_jobs(client, k1)
+    sweeper = Runtime(runtime.config, run_sweeper=True)
+    await sweeper.start(seed=False)
+    try:
+        [again] = await pull_jobs(client, k1, no_wait=False, expires=15)
+    finally:
+        await sweeper.stop()
+    assert (again["ID"], again["Attempt"]) == (first["ID"], 2)
