@@ -26,11 +26,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sweeper", help="the requeue sweeper only")
     sub.add_parser("dispatcher", help="push delivery to callback URLs only")
     sub.add_parser("migrate", help="migrate the database to the newest schema and exit")
+    pipeline = sub.add_parser(
+        "pipeline", help="Spark jobs: pipeline archive|report|all [--help]", add_help=False
+    )
+    pipeline.add_argument("pipeline_args", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "pipeline":
+        # Lazy: only the pipeline needs PySpark; it loads its own config and prints its summary.
+        from app.pipeline.job import main as pipeline_main
+
+        top = ["--config", args.config] if args.config else []
+        return pipeline_main([*top, *args.pipeline_args, *unknown])
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         config = load_config(args.config)
     except ConfigError as exc:

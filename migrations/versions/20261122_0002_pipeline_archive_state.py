@@ -58,9 +58,7 @@ def upgrade() -> None:
             name=op.f("fk_archive_batch_message_batch_id_archive_batch"),
             ondelete="CASCADE",
         ),
-        sa.PrimaryKeyConstraint(
-            "batch_id", "message_pk", name=op.f("pk_archive_batch_message")
-        ),
+        sa.PrimaryKeyConstraint("batch_id", "message_pk", name=op.f("pk_archive_batch_message")),
     )
 
 

@@ -1,0 +1,129 @@
+"""The self-contained HTML page of the delivery report (inline CSS and SVG only)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from html import escape
+from typing import Any
+
+from app.pipeline.charts import grouped_bars, line_chart, rate_bars
+
+MAX_SERIES = 10
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; background: #fafafa; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
+.meta { color: #666; font-size: 13px; }
+.cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 16px 0; }
+.card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 10px 14px; }
+.card b { display: block; font-size: 20px; }
+table { border-collapse: collapse; background: #fff; font-size: 12px; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
+th { background: #f0f0f0; } td.id { text-align: left; }
+svg { background: #fff; border: 1px solid #ddd; border-radius: 6px; display: block; }
+"""
+
+_COLUMNS = (
+    ("jobs", "jobs"),
+    ("delivered", "delivered"),
+    ("dead", "dead"),
+    ("queued", "queued"),
+    ("inflight", "in flight"),
+    ("dead_letter_rate", "dead-letter rate"),
+    ("retries", "retries"),
+    ("timeout_requeues", "timeout requeues"),
+    ("queue_wait_p50_seconds", "wait p50 s"),
+    ("queue_wait_p95_seconds", "wait p95 s"),
+    ("queue_wait_p99_seconds", "wait p99 s"),
+    ("processing_p50_seconds", "processing p50 s"),
+    ("processing_p95_seconds", "processing p95 s"),
+    ("processing_p99_seconds", "processing p99 s"),
+)
+
+
+def consumer_label(row: Mapping[str, Any]) -> str:
+    return f"{row['channel_id']}/{row['consumer_id']}"
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "<td>–</td>"
+    if key == "dead_letter_rate":
+        return f"<td>{value * 100:.2f}%</td>"
+    if isinstance(value, float):
+        return f"<td>{value:,.3f}</td>"
+    return f"<td>{value:,}</td>"
+
+
+def _table(rows: Sequence[Mapping[str, Any]], id_columns: Sequence[str]) -> str:
+    head = "".join(f"<th>{escape(c)}</th>" for c in id_columns)
+    head += "".join(f"<th>{escape(title)}</th>" for _, title in _COLUMNS)
+    body = []
+    for row in rows:
+        ids = "".join(f'<td class="id">{escape(str(row[c]))}</td>' for c in id_columns)
+        body.append("<tr>" + ids + "".join(_cell(k, row[k]) for k, _ in _COLUMNS) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _throughput(consumers: Sequence[Mapping[str, Any]], hourly: Sequence[Mapping[str, Any]]) -> str:
+    shown = [consumer_label(c) for c in sorted(consumers, key=lambda c: -c["jobs"])[:MAX_SERIES]]
+    series: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+    for row in hourly:
+        label = consumer_label(row)
+        if label in shown:
+            series[label].append((datetime.fromisoformat(row["hour"]), float(row["delivered"])))
+    ordered = {label: series[label] for label in shown if label in series}
+    return line_chart(ordered, title="Delivered jobs per hour (UTC)", y_label="jobs / hour")
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The report as one HTML document that opens in any browser, offline."""
+    consumers: list[Mapping[str, Any]] = list(report["consumers"])
+    labels = [consumer_label(c) for c in consumers]
+    totals = report["totals"]
+    waits = grouped_bars(
+        labels,
+        {p: [c[f"queue_wait_{p}_seconds"] for c in consumers] for p in ("p50", "p95", "p99")},
+        title="Queue wait (claim minus creation), seconds",
+        y_label="seconds",
+    )
+    processing = grouped_bars(
+        labels,
+        {p: [c[f"processing_{p}_seconds"] for c in consumers] for p in ("p50", "p95", "p99")},
+        title="Processing time (completion minus claim), seconds",
+        y_label="seconds",
+    )
+    dead = rate_bars(
+        labels, [c["dead_letter_rate"] for c in consumers], title="Dead-letter rate per consumer"
+    )
+    sources = report["sources"]
+    cards = [
+        ("jobs", f"{totals['jobs']:,}"),
+        ("delivered", f"{totals['delivered']:,}"),
+        ("dead", f"{totals['dead']:,}"),
+        (
+            "dead-letter rate",
+            "–" if totals["dead_letter_rate"] is None else f"{totals['dead_letter_rate']:.2%}",
+        ),
+        ("archived jobs", f"{sources['archived_jobs']:,}"),
+        ("live jobs", f"{sources['live_jobs']:,}"),
+    ]
+    card_html = "".join(f'<div class="card">{escape(k)}<b>{v}</b></div>' for k, v in cards)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>webhook-broker delivery report</title><style>{_CSS}</style></head>
+<body>
+<h1>webhook-broker delivery report</h1>
+<div class="meta">generated {escape(str(report["generated_at"]))} from
+{sources["archive_batches"]} archive batches and the live tables</div>
+<div class="cards">{card_html}</div>
+<h2>Throughput</h2>{_throughput(consumers, report["hourly"])}
+<h2>Queue wait percentiles</h2>{waits}
+<h2>Processing time percentiles</h2>{processing}
+<h2>Dead-letter rates</h2>{dead}
+<h2>Per consumer</h2>{_table(consumers, ("channel_id", "consumer_id"))}
+<h2>Per channel</h2>{_table(report["channels"], ("channel_id",))}
+</body></html>
+"""

@@ -1,0 +1,155 @@
+"""Entry point: `webhook-broker pipeline archive|report|all`, `python -m app.pipeline ...`, or
+`spark-submit app/pipeline/job.py ...`. Owns the SparkSession and the run's advisory lock.
+
+Exit codes: 0 done, 1 failed, 2 bad configuration, 75 another run holds the lock (try later).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from pyspark.sql import SparkSession
+
+from app.config import Config, ConfigError, load_config
+from app.pipeline.archive import Archiver, StepHook
+from app.pipeline.db import LockMode, PipelineLocked, connect, jdbc_target, pipeline_lock
+from app.pipeline.progress import Progress, summary_line
+from app.pipeline.report import Reporter
+from app.pipeline.spark import build_session
+from app.pipeline.state import BatchStore
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_LOCKED = 75  # EX_TEMPFAIL: another archiver is running
+COMMANDS = ("archive", "report", "all")
+
+
+def build_parser(prog: str = "webhook-broker pipeline") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Archive finished work to Parquet and report delivery analytics."
+    )
+    parser.add_argument("command", choices=COMMANDS)
+    parser.add_argument("--config", help="config file, read after the default locations")
+    parser.add_argument("--master", help="Spark master URL (default: spark-submit's or local[*])")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="change nothing: count what archive would take, compute the report without writing",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _finish(
+            {"command": args.command, "status": "config_error", "error": str(exc)},
+            EXIT_CONFIG,
+            time.monotonic(),
+            sys.stdout,
+        )
+    summary = run(args.command, config, master=args.master, dry_run=args.dry_run)
+    return int(summary["exit_code"])
+
+
+def run(
+    command: str,
+    config: Config,
+    *,
+    master: str | None = None,
+    dry_run: bool = False,
+    spark: SparkSession | None = None,
+    hook: StepHook | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> dict[str, Any]:
+    """One pipeline run; prints one JSON summary line to `out` and returns it as a dict."""
+    started = time.monotonic()
+    summary: dict[str, Any] = {"command": command, "dry_run": dry_run}
+    progress = Progress(err)
+    try:
+        if command not in COMMANDS:
+            raise ConfigError(f"unknown pipeline command {command!r}")
+        if config.database.dialect != "postgresql":
+            raise ConfigError("[rdbms] dialect: the pipeline needs postgresql")
+        url = config.database.connection_url
+        # Readers share the lock; an archiver needs it alone.
+        mode: LockMode = "exclusive" if command != "report" and not dry_run else "shared"
+        with pipeline_lock(url, mode):
+            summary.update(_run_locked(command, config, master, dry_run, spark, hook, progress))
+        code = EXIT_OK
+        summary["status"] = "ok"
+    except PipelineLocked as exc:
+        progress.line(str(exc))
+        summary.update(status="locked", error=str(exc))
+        code = EXIT_LOCKED
+    except ConfigError as exc:
+        progress.line(f"bad configuration: {exc}")
+        summary.update(status="config_error", error=str(exc))
+        code = EXIT_CONFIG
+    except Exception as exc:
+        progress.line("failed:\n" + traceback.format_exc())
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        code = EXIT_FAILED
+    _finish(summary, code, started, out or sys.stdout)
+    return summary
+
+
+def _finish(summary: dict[str, Any], code: int, started: float, out: TextIO) -> int:
+    summary["event"] = "webhook_broker_pipeline"
+    summary["exit_code"] = code
+    summary["seconds"] = round(time.monotonic() - started, 3)
+    print(summary_line(summary), file=out, flush=True)
+    return code
+
+
+def _run_locked(
+    command: str,
+    config: Config,
+    master: str | None,
+    dry_run: bool,
+    spark: SparkSession | None,
+    hook: StepHook | None,
+    progress: Progress,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    pipeline = config.pipeline
+    jdbc = jdbc_target(config.database.connection_url)
+    with connect(config.database.connection_url) as conn:
+        store = BatchStore(conn, pipeline.terminal_statuses)
+        if dry_run and command in ("archive", "all"):
+            messages, jobs = store.eligible(pipeline.retention_days)
+            unfinished = [{"id": b.id, "status": b.status} for b in store.unfinished()]
+            progress.line(f"dry run: {messages} messages, {jobs} jobs would be archived")
+            result["archive"] = {
+                "eligible_messages": messages,
+                "eligible_jobs": jobs,
+                "unfinished_batches": unfinished,
+            }
+            if command == "archive":
+                return result
+        owned = spark is None
+        session = spark or build_session(pipeline, master)
+        try:
+            if command in ("archive", "all") and not dry_run:
+                archiver = Archiver(session, pipeline, jdbc, store, progress, hook)
+                result["archive"] = archiver.run().as_dict()
+            if command in ("report", "all"):
+                reporter = Reporter(session, pipeline, jdbc, conn, store, progress)
+                result["report"] = reporter.run(write=not dry_run).as_dict()
+        finally:
+            if owned:
+                session.stop()
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
