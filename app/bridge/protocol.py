@@ -483,11 +483,14 @@ def rfc3339(moment: datetime) -> str:
     return text + "Z"
 
 
-def api_error(kind: str, code: int, err_code: int, description: str) -> bytes:
-    document = {
-        "type": kind,
-        "error": {"code": code, "err_code": err_code, "description": description},
-    }
+def api_error(kind: str, code: int, err_code: int | None, description: str) -> bytes:
+    """A JetStream API error; `err_code` is left out for errors JetStream itself has no code for
+    (nats-py reads `code` and `description`)."""
+    error: dict[str, object] = {"code": code}
+    if err_code is not None:
+        error["err_code"] = err_code
+    error["description"] = description
+    document = {"type": kind, "error": error}
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -592,3 +595,15 @@ NAK_ADVISORY = "io.nats.jetstream.advisory.v1.nak"
 TERMINATED_ADVISORY = "io.nats.jetstream.advisory.v1.terminated"
 MAX_DELIVER_ADVISORY = "io.nats.jetstream.advisory.v1.max_deliver"
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER"
+
+
+def encode_message(
+    op: str, subject: str, reply: str | None, header: bytes | None, payload: bytes
+) -> bytes:
+    """`PUB`/`HPUB` (client) or `LMSG`/`HMSG` (leafnode) with its payload, ready to write."""
+    target = f"{subject} {reply}" if reply else subject
+    if header is None:
+        return f"{op} {target} {len(payload)}\r\n".encode() + payload + CRLF
+    head_op = "HPUB" if op == "PUB" else "HMSG"
+    sizes = f"{len(header)} {len(header) + len(payload)}"
+    return f"{head_op} {target} {sizes}\r\n".encode() + header + payload + CRLF

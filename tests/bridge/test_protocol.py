@@ -48,7 +48,10 @@ def test_pull_request_bodies(body: bytes, expected: p.PullSpec) -> None:
         ),
         (b'{"batch": 1, "idle_heartbeat": 1}', "Bad Request - heartbeat value too large"),
         (b'{"batch" 1}', "Bad Request - invalid character '1' after object key"),
-        (b'{"batch": 1 "x": 2}', "Bad Request - invalid character '\"' after object key:value pair"),
+        (
+            b'{"batch": 1 "x": 2}',
+            "Bad Request - invalid character '\"' after object key:value pair",
+        ),
         (b'{"batch": }', "Bad Request - invalid character '}' looking for beginning of value"),
         (b'{"batch": 1', "Bad Request - unexpected end of JSON input"),
         (b'{"batch": 1} x', "Bad Request - invalid character 'x' after top-level value"),

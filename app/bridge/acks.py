@@ -1,0 +1,188 @@
+"""Acks from JetStream clients, turned into the shared ack statements in batches.
+
+Acks are queued as they arrive and applied by one task: everything queued so far for one
+consumer goes into one transaction (one conditional UPDATE per ack kind, DeliveryService.
+apply_acks). A job named twice in a batch (`+WPI` then `+ACK`) is split into consecutive
+rounds so both apply, in order. Fencing: the ack subject carries the attempt; an ack whose
+attempt or job no longer matches the current claim changes nothing and is ignored.
+After the commit: an empty reply to every ack that had a reply subject (nats-py `ack_sync`),
+`+NXT` requests go to the pull engine, and advisories are published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from nats.nuid import NUID
+
+from app.bridge import protocol as p
+from app.bridge.engine import Outbound, PullEngine
+from app.domain.jobs import AckType
+from app.domain.models import ConsumerType, Job
+from app.services.bridge import BridgeService, Lookup
+from app.services.delivery import AckItem
+
+log = logging.getLogger(__name__)
+
+MAX_ACKS_PER_ROUND = 500
+
+ConsumerLookup = Callable[[str, str], Awaitable[Lookup]]
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+_KINDS: dict[p.AckKind, AckType] = {
+    p.AckKind.ACK: AckType.ACK,
+    p.AckKind.NEXT: AckType.ACK,
+    p.AckKind.NAK: AckType.NAK,
+    p.AckKind.TERM: AckType.TERM,
+    p.AckKind.PROGRESS: AckType.PROGRESS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class InboundAck:
+    token: p.AckToken
+    command: p.AckCommand
+    reply: str | None
+
+
+class AckProcessor:
+    def __init__(
+        self,
+        service: BridgeService,
+        lookup: ConsumerLookup,
+        engine: PullEngine,
+        replies: Outbound,
+        publish: Publish,
+    ) -> None:
+        self._service = service
+        self._lookup = lookup
+        self._engine = engine
+        self._replies = replies
+        self._publish = publish
+        self._queue: list[InboundAck] = []
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.applied = 0
+        self._nuid = NUID()
+
+    def submit(self, ack: InboundAck) -> None:
+        self._queue.append(ack)
+        self._idle.clear()
+        self._ready.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while True:
+            if not self._queue:
+                self._idle.set()
+                if stop.is_set():
+                    return
+                waiter = asyncio.ensure_future(self._ready.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                self._ready.clear()
+                continue
+            batch, self._queue = self._queue, []
+            try:
+                await self._process(batch)
+            except Exception:
+                log.exception("applying %d acks failed; they are retried", len(batch))
+                self._queue = batch + self._queue
+                await asyncio.sleep(0.5)
+
+    async def _process(self, batch: list[InboundAck]) -> None:
+        by_consumer: defaultdict[tuple[str, str], list[InboundAck]] = defaultdict(list)
+        for ack in batch:
+            by_consumer[(ack.token.stream, ack.token.consumer)].append(ack)
+        for (stream, name), acks in by_consumer.items():
+            found = await self._lookup(stream, name)
+            consumer = found.consumer
+            if consumer is None or consumer.type is not ConsumerType.PULL:
+                self._reply_all(acks)
+                continue
+            applicable = [a for a in acks if a.command.kind in _KINDS]
+            for round_ in _rounds(applicable):
+                items = [
+                    AckItem(
+                        a.token.stream_seq,
+                        _KINDS[a.command.kind],
+                        attempt=a.token.delivered,
+                        delay=a.command.delay,
+                        reason=a.command.reason,
+                    )
+                    for a in round_
+                ]
+                result = await self._service.acks(consumer, items)
+                self.applied += sum(1 for o in result.outcomes if o.status in (200, 202))
+                await self._advise(round_, [o.status for o in result.outcomes], result.dead)
+            self._reply_all(acks)
+            for ack in acks:
+                if ack.command.kind is p.AckKind.NEXT and ack.reply:
+                    self._engine.submit(consumer, ack.reply, ack.command.next_request)
+        await self._replies.flush()
+
+    def _reply_all(self, acks: list[InboundAck]) -> None:
+        for ack in acks:
+            if ack.reply and ack.command.kind is not p.AckKind.NEXT:
+                self._replies.send(ack.reply, None, None, b"")
+
+    async def _advise(self, acks: list[InboundAck], statuses: list[int], dead: list[Job]) -> None:
+        now = datetime.now(UTC)
+        dead_ids = {j.id for j in dead}
+        for ack, status in zip(acks, statuses, strict=True):
+            if status != 202:
+                continue
+            token = ack.token
+            common: dict[str, object] = {
+                "stream": token.stream,
+                "consumer": token.consumer,
+                "consumer_seq": token.consumer_seq,
+                "stream_seq": token.stream_seq,
+                "deliveries": token.delivered,
+            }
+            suffix = f"{token.stream}.{token.consumer}"
+            if ack.command.kind is p.AckKind.NAK:
+                await self._emit(f"MSG_NAKED.{suffix}", p.NAK_ADVISORY, now, common)
+                if token.stream_seq in dead_ids:
+                    fields = {k: v for k, v in common.items() if k != "consumer_seq"}
+                    await self._emit(
+                        f"MAX_DELIVERIES.{suffix}", p.MAX_DELIVER_ADVISORY, now, fields
+                    )
+            elif ack.command.kind is p.AckKind.TERM:
+                fields = dict(common, reason=ack.command.reason or "")
+                await self._emit(f"MSG_TERMINATED.{suffix}", p.TERMINATED_ADVISORY, now, fields)
+
+    async def _emit(
+        self, subject: str, kind: str, now: datetime, fields: dict[str, object]
+    ) -> None:
+        body = p.advisory(kind, self._nuid.next().decode(), now, fields)
+        try:
+            await self._publish(f"{p.ADVISORY_PREFIX}.{subject}", body)
+        except Exception as exc:  # advisories are best effort, as on the server
+            log.debug("advisory %s not published: %s", subject, exc)
+
+
+def _rounds(acks: list[InboundAck]) -> list[list[InboundAck]]:
+    """Split into consecutive rounds in which each job appears at most once."""
+    rounds: list[list[InboundAck]] = []
+    current: list[InboundAck] = []
+    seen: set[int] = set()
+    for ack in acks:
+        if ack.token.stream_seq in seen or len(current) >= MAX_ACKS_PER_ROUND:
+            rounds.append(current)
+            current, seen = [], set()
+        current.append(ack)
+        seen.add(ack.token.stream_seq)
+    if current:
+        rounds.append(current)
+    return rounds

@@ -1,0 +1,192 @@
+"""The JSON side of the JetStream API the bridge answers: STREAM.NAMES, CONSUMER.INFO and
+CONSUMER.CREATE / DURABLE.CREATE (which never create: they report an existing pull consumer).
+
+Stream name = channel id, consumer name = pull consumer id, the stream's subject = channel id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from app.bridge import protocol as p
+from app.bridge.engine import PullEngine
+from app.domain.models import Consumer, ConsumerType
+from app.services.bridge import BridgeService, Lookup
+
+NAMES_PAGE = 1024
+
+
+class ConsumerCache:
+    """Channel/consumer lookups for the hot paths (pull requests, acks), kept `ttl` seconds.
+    Misses are never cached, so a consumer created over HTTP is served at once."""
+
+    def __init__(self, service: BridgeService, ttl: float = 2.0) -> None:
+        self._service = service
+        self._ttl = ttl
+        self._entries: dict[tuple[str, str], tuple[float, Lookup]] = {}
+
+    def fresh(self, channel_id: str, consumer_id: str) -> Lookup | None:
+        entry = self._entries.get((channel_id, consumer_id))
+        if entry is None or entry[0] < asyncio.get_running_loop().time():
+            return None
+        return entry[1]
+
+    async def get(self, channel_id: str, consumer_id: str) -> Lookup:
+        cached = self.fresh(channel_id, consumer_id)
+        if cached is not None:
+            return cached
+        found = await self._service.lookup(channel_id, consumer_id)
+        if found.consumer is not None:
+            expires = asyncio.get_running_loop().time() + self._ttl
+            self._entries[(channel_id, consumer_id)] = (expires, found)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class InfoLimits:
+    max_waiting: int
+    max_batch: int
+    max_expires: int  # ns
+
+
+class ApiHandler:
+    def __init__(
+        self,
+        service: BridgeService,
+        cache: ConsumerCache,
+        engine: PullEngine,
+        prefix: str,
+        limits: InfoLimits,
+    ) -> None:
+        self._service = service
+        self._cache = cache
+        self._engine = engine
+        self._prefix = prefix
+        self._limits = limits
+
+    async def answer(self, subject: str, body: bytes) -> bytes | None:
+        """The JSON reply to one API request; None for subjects that are not ours."""
+        if not subject.startswith(self._prefix + "."):
+            return None
+        tokens = subject[len(self._prefix) + 1 :].split(".")
+        if tokens == ["STREAM", "NAMES"]:
+            return await self._stream_names(body)
+        if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "INFO"]:
+            return await self._info(tokens[2], tokens[3], p.INFO_TYPE)
+        if len(tokens) >= 3 and tokens[:2] == ["CONSUMER", "CREATE"]:
+            return await self._create(tokens[2], tokens[3] if len(tokens) > 3 else None, body)
+        if len(tokens) == 5 and tokens[:3] == ["CONSUMER", "DURABLE", "CREATE"]:
+            return await self._create(tokens[3], tokens[4], body)
+        return None
+
+    async def _stream_names(self, body: bytes) -> bytes:
+        wanted: str | None = None
+        offset = 0
+        if body.strip():
+            try:
+                request = json.loads(body)
+            except ValueError:
+                return p.api_error(p.NAMES_TYPE, 400, 10025, "invalid JSON")
+            if isinstance(request, dict):
+                subject = request.get("subject")
+                wanted = subject if isinstance(subject, str) and subject else None
+                raw_offset = request.get("offset")
+                offset = raw_offset if isinstance(raw_offset, int) and raw_offset > 0 else 0
+        names = await self._service.channel_ids()
+        if wanted is not None:
+            names = [n for n in names if p.subjects_overlap(wanted, n)]
+        return p.stream_names(names, offset, NAMES_PAGE)
+
+    async def _info(self, stream: str, name: str, kind: str) -> bytes:
+        found = await self._service.lookup(stream, name)
+        if not found.channel_found:
+            return p.stream_not_found(kind)
+        consumer = found.consumer
+        if consumer is None:
+            return p.consumer_not_found(kind)
+        if consumer.type is not ConsumerType.PULL:
+            return _push_error(kind, consumer)
+        return await self.info_document(consumer, kind)
+
+    async def info_document(self, consumer: Consumer, kind: str = p.INFO_TYPE) -> bytes:
+        snapshot = await self._service.snapshot(consumer)
+        state, stats = snapshot.state, snapshot.stats
+        delivered = p.SequenceInfo(
+            state.last_delivery_seq, state.last_stream_seq, state.last_delivered_at
+        )
+        if state.outstanding == 0 or state.first_outstanding_id is None:
+            ack_floor = p.SequenceInfo(state.last_delivery_seq, state.last_stream_seq)
+        else:
+            # Only the oldest job still open is known; the floor is everything before it.
+            ack_floor = p.SequenceInfo(
+                max(state.last_delivery_seq - state.outstanding, 0),
+                max(state.first_outstanding_id - 1, 0),
+            )
+        limits = self._limits
+        view = p.ConsumerView(
+            stream=consumer.channel_id,
+            name=consumer.id,
+            created=consumer.created_at,
+            ack_wait=self._service.ack_wait(consumer) * p.NANOS,
+            max_deliver=self._service.policy.max_retry + 1,
+            max_waiting=limits.max_waiting,
+            max_ack_pending=consumer.max_ack_pending or -1,
+            max_batch=limits.max_batch,
+            max_expires=limits.max_expires,
+            delivered=delivered,
+            ack_floor=ack_floor,
+            num_ack_pending=stats.inflight,
+            num_redelivered=state.redelivered,
+            num_waiting=self._engine.num_waiting(consumer.pk),
+            num_pending=stats.due,
+        )
+        return p.consumer_info(view, datetime.now(UTC), kind)
+
+    async def _create(self, stream: str, name: str | None, body: bytes) -> bytes:
+        kind = p.CREATE_TYPE
+        if name is None:
+            try:
+                request = json.loads(body) if body.strip() else {}
+            except ValueError:
+                return p.api_error(kind, 400, 10025, "invalid JSON")
+            config = request.get("config") if isinstance(request, dict) else None
+            if isinstance(config, dict):
+                candidate = config.get("name") or config.get("durable_name")
+                name = candidate if isinstance(candidate, str) and candidate else None
+        if name is None:
+            return p.api_error(
+                kind,
+                400,
+                None,
+                "webhook-broker does not create consumers over NATS: create a pull consumer "
+                f"on channel {stream!r} over HTTP and bind to it by name",
+            )
+        found = await self._service.lookup(stream, name)
+        if not found.channel_found:
+            return p.stream_not_found(kind)
+        consumer = found.consumer
+        if consumer is None:
+            return p.api_error(
+                kind,
+                400,
+                None,
+                f"webhook-broker does not create consumers over NATS: consumer {name!r} does "
+                f"not exist on channel {stream!r}; create it over HTTP "
+                f"(PUT /channel/{stream}/consumer/{name} with type=pull)",
+            )
+        if consumer.type is not ConsumerType.PULL:
+            return _push_error(kind, consumer)
+        return await self.info_document(consumer, kind)
+
+
+def _push_error(kind: str, consumer: Consumer) -> bytes:
+    return p.api_error(
+        kind,
+        409,
+        None,
+        f"Consumer is push based: {consumer.id!r} delivers to its callback URL; "
+        "the NATS bridge serves pull consumers only",
+    )

