@@ -7,7 +7,9 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from app.config import Config, ConfigError, load_config
 from app.logging import setup_logging
@@ -80,6 +82,21 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
             # Waiting long polls return now, so draining in-flight requests ends promptly.
             runtime.delivery.drain()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn's own version re-raises the signal once shut down, so a drained SIGTERM
+            # would still end the process with status -15; ours returns and exits 0.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            stops = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     app = create_app(config, runtime)
     original = app.router.lifespan_context

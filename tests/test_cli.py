@@ -1,0 +1,266 @@
+"""`webhook-broker` as a real process: serve with env-only config, SIGTERM drain, bad configs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.pgcluster import free_port
+
+EXECUTABLE = Path(sys.executable).with_name("webhook-broker")
+START_TIMEOUT = 60.0
+SEED_ENV = {
+    "WEBHOOK_BROKER__INITIAL_CHANNELS__orders": "Orders",
+    "WEBHOOK_BROKER__INITIAL_CHANNEL_TOKENS__orders": "cli-chan-secret",
+    "WEBHOOK_BROKER__INITIAL_PRODUCERS__shop": "Shop",
+    "WEBHOOK_BROKER__INITIAL_PRODUCER_TOKENS__shop": "cli-prod-secret",
+}
+PUBLISH = {
+    "X-Broker-Channel-Token": "cli-chan-secret",
+    "X-Broker-Producer-ID": "shop",
+    "X-Broker-Producer-Token": "cli-prod-secret",
+}
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The test runner's environment without broker settings, and a HOME of our own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_BROKER__")}
+    env["HOME"] = str(home)
+    env.update(extra)
+    return env
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(EXECUTABLE), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+
+
+class Broker:
+    """One `webhook-broker` process; stdout and stderr go to files we read afterwards."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.cwd = cwd
+        self.stderr_path = cwd / "stderr.log"
+        with self.stderr_path.open("w") as err:
+            self.process = subprocess.Popen(
+                [str(EXECUTABLE), *args], cwd=cwd, env=env, stdout=err, stderr=err
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait_ready(self, base_url: str) -> httpx.Response:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"broker exited with {self.process.returncode}:\n{self.stderr}")
+            try:
+                response = httpx.get(f"{base_url}/_status", timeout=2)
+            except httpx.TransportError:
+                time.sleep(0.1)
+                continue
+            if response.status_code == 200:
+                return response
+            time.sleep(0.1)
+        pytest.fail(f"broker not ready after {START_TIMEOUT}s:\n{self.stderr}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "home").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    return work
+
+
+@pytest.fixture
+def serve(workdir: Path) -> Iterator[tuple[Broker, str]]:
+    port = free_port()
+    env = clean_env(
+        workdir.parent / "home", WEBHOOK_BROKER__HTTP__LISTENER=f"127.0.0.1:{port}", **SEED_ENV
+    )
+    broker = Broker(["serve"], workdir, env)
+    try:
+        yield broker, f"http://127.0.0.1:{port}"
+    finally:
+        broker.stop()
+
+
+async def test_serve_with_env_only_then_sigterm_drains(serve: tuple[Broker, str]) -> None:
+    broker, base_url = serve
+    status = broker.wait_ready(base_url)
+    assert status.json()["status"] == "ok"
+    assert status.json()["database"]["status"] == "ok"
+    # No config file anywhere: the SQLite database was created in the working directory.
+    database = broker.cwd / "webhook-broker.sqlite3"
+    assert database.is_file()
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        # Seeded from the environment, migrated and working over real HTTP.
+        r = await http.put(
+            "/channel/orders/consumer/puller", data={"token": "cli-cons-secret", "type": "pull"}
+        )
+        assert r.status_code == 200, r.text
+        r = await http.post("/channel/orders/broadcast", content=b"before", headers=PUBLISH)
+        assert r.status_code == 201, r.text
+        r = await http.post(
+            "/channel/orders/consumer/puller/pull",
+            json={"batch": 5, "no_wait": True},
+            headers={
+                "X-Broker-Channel-Token": "cli-chan-secret",
+                "X-Broker-Consumer-Token": "cli-cons-secret",
+            },
+        )
+        assert r.status_code == 200, r.text
+        assert len(r.json()["Jobs"]) == 1
+
+        # An upload in flight when SIGTERM arrives still completes and is stored.
+        sent_first_half = asyncio.Event()
+        signalled = asyncio.Event()
+
+        async def slow_body() -> AsyncIterator[bytes]:
+            yield b"first half, "
+            sent_first_half.set()
+            await signalled.wait()
+            await asyncio.sleep(0.5)
+            yield b"second half"
+
+        in_flight = asyncio.create_task(
+            http.post(
+                "/channel/orders/broadcast",
+                content=slow_body(),
+                headers={**PUBLISH, "X-Broker-Message-ID": "in-flight"},
+            )
+        )
+        await asyncio.wait_for(sent_first_half.wait(), timeout=10)
+        await asyncio.sleep(0.3)
+        broker.process.send_signal(signal.SIGTERM)
+        signalled.set()
+        response = await asyncio.wait_for(in_flight, timeout=20)
+        assert response.status_code == 201, response.text
+
+    code = await asyncio.to_thread(broker.process.wait, 30)
+    assert code == 0, broker.stderr
+    with sqlite3.connect(database) as conn:
+        payloads = {row[0] for row in conn.execute("SELECT payload FROM message")}
+    assert payloads == {b"before", b"first half, second half"}
+    # Tokens given in the environment and over HTTP never reach the logs.
+    for secret in ("cli-chan-secret", "cli-prod-secret", "cli-cons-secret"):
+        assert secret not in broker.stderr
+
+
+async def test_sigterm_ends_a_waiting_long_poll(serve: tuple[Broker, str]) -> None:
+    broker, base_url = serve
+    broker.wait_ready(base_url)
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        r = await http.put("/channel/orders/consumer/w", data={"token": "wt", "type": "pull"})
+        assert r.status_code == 200
+        started = time.monotonic()
+        waiting = asyncio.create_task(
+            http.post(
+                "/channel/orders/consumer/w/pull",
+                json={"batch": 1, "expires": 25},
+                headers={
+                    "X-Broker-Channel-Token": "cli-chan-secret",
+                    "X-Broker-Consumer-Token": "wt",
+                },
+            )
+        )
+        await asyncio.sleep(1.0)
+        assert not waiting.done()
+        broker.process.send_signal(signal.SIGTERM)
+        response = await asyncio.wait_for(waiting, timeout=20)
+    assert response.status_code == 200, response.text
+    assert response.json()["Jobs"] == []
+    assert time.monotonic() - started < 15
+    assert await asyncio.to_thread(broker.process.wait, 30) == 0, broker.stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("WEBHOOK_BROKER__BROKER__MAX_RETRY", "many", ["[broker] max-retry", "many"]),
+        ("WEBHOOK_BROKER__HTTP__LISTENER", "8080", ["[http] listener"]),
+        ("WEBHOOK_BROKER__RDBMS__DIALECT", "oracle", ["[rdbms] dialect"]),
+    ],
+)
+def test_bad_config_value_fails_start(
+    workdir: Path, variable: str, value: str, words: list[str]
+) -> None:
+    result = run(["serve"], workdir, clean_env(workdir.parent / "home", **{variable: value}))
+    assert result.returncode != 0
+    for word in words:
+        assert word in result.stderr, result.stderr
+    assert not (workdir / "webhook-broker.sqlite3").exists()
+
+
+def test_bad_config_file_fails_start(workdir: Path) -> None:
+    (workdir / "webhook-broker.cfg").write_text("[log]\nlog-level=loud\n")
+    result = run(["serve"], workdir, clean_env(workdir.parent / "home"))
+    assert result.returncode != 0
+    assert "[log] log-level" in result.stderr
+    missing = run(["--config", "nowhere.cfg", "api"], workdir, clean_env(workdir.parent / "home"))
+    assert missing.returncode != 0
+    assert "nowhere.cfg" in missing.stderr
+
+
+def test_invalid_seed_entry_fails_start(workdir: Path) -> None:
+    config = workdir / "seed.cfg"
+    config.write_text(
+        "[initial-consumers]\nlonely=\n[lonely]\ntoken=secret-of-lonely\n"
+        "channel=missing-channel\ntype=pull\n"
+    )
+    env = clean_env(
+        workdir.parent / "home", WEBHOOK_BROKER__HTTP__LISTENER=f"127.0.0.1:{free_port()}"
+    )
+    result = run(["--config", str(config), "serve"], workdir, env)
+    assert result.returncode != 0
+    assert "lonely" in result.stderr and "missing-channel" in result.stderr, result.stderr
+    assert "secret-of-lonely" not in result.stderr
+
+
+def test_migrate_then_api(workdir: Path) -> None:
+    database = workdir / "broker.sqlite3"
+    port = free_port()
+    env = clean_env(
+        workdir.parent / "home",
+        WEBHOOK_BROKER__RDBMS__CONNECTION_URL=str(database),
+        WEBHOOK_BROKER__HTTP__LISTENER=f"127.0.0.1:{port}",
+    )
+    result = run(["migrate"], workdir, env)
+    assert result.returncode == 0, result.stderr
+    with sqlite3.connect(database) as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    assert {"channel", "producer", "consumer", "message", "job", "alembic_version"} <= tables
+    broker = Broker(["api"], workdir, env)
+    try:
+        broker.wait_ready(f"http://127.0.0.1:{port}")
+        r = httpx.put(f"http://127.0.0.1:{port}/channel/c1", data={"token": "t"})
+        assert r.status_code == 200
+        broker.process.send_signal(signal.SIGTERM)
+        assert broker.process.wait(timeout=30) == 0, broker.stderr
+    finally:
+        broker.stop()
