@@ -323,15 +323,22 @@ def _get(
         raise ConfigError(f"[{section}] {key}={raw!r}: {exc}") from None
 
 
+def _integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number") from None
+
+
 def _non_negative_int(raw: str) -> int:
-    value = int(raw)
+    value = _integer(raw)
     if value < 0:
         raise ValueError("must be zero or more")
     return value
 
 
 def _positive_int(raw: str) -> int:
-    value = int(raw)
+    value = _integer(raw)
     if value < 1:
         raise ValueError("must be at least 1")
     return value
@@ -366,7 +373,7 @@ def _listener(raw: str) -> tuple[str, int]:
     host, sep, port_text = raw.rpartition(":")
     if not sep:
         raise ValueError("must be host:port (':8080' listens on every interface)")
-    port = int(port_text)
+    port = _integer(port_text)
     if not 0 < port < 65536:
         raise ValueError("port must be between 1 and 65535")
     return (host.strip("[]") or "0.0.0.0", port)

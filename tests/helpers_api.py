@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from email.utils import format_datetime, parsedate_to_datetime
 from datetime import timedelta
+from email.utils import format_datetime, parsedate_to_datetime
 
 import httpx
 

@@ -338,3 +338,21 @@ def test_error_messages_never_echo_seeded_tokens() -> None:
         load_config_text(text)
     for token in ("orders-token", "audit-token", "shop-token", "ledger-token"):
         assert token not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("[broker]\nmax-retry=many\n", "[broker] max-retry='many': must be a whole number"),
+        ("[broker]\nmax-retry=-1\n", "[broker] max-retry='-1': must be zero or more"),
+        ("[pull]\nmax-batch=0\n", "[pull] max-batch='0': must be at least 1"),
+        ("[http]\nlistener=:http\n", "[http] listener=':http': must be a whole number"),
+        ("[http]\nlistener=:0\n", "[http] listener=':0': port must be between 1 and 65535"),
+        ("[rdbms]\ndialect=oracle\n", "[rdbms] dialect='oracle': must be sqlite or postgresql"),
+        ("[log]\ncompress-backups=maybe\n", "must be true or false"),
+    ],
+)
+def test_bad_value_gives_the_reason(text: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text)
+    assert reason in str(caught.value)

@@ -322,3 +322,59 @@ async def test_concurrent_publishers_with_repeated_ids(
             await conn.execute(select(job.c.message_pk, func.count()).group_by(job.c.message_pk))
         ).all()
     assert sorted(n for _, n in per_message) == [5] * distinct
+
+
+FAIL_JOB_INSERTS = {
+    "sqlite": [
+        "CREATE TRIGGER refuse_jobs BEFORE INSERT ON job BEGIN SELECT RAISE(ABORT, 'no jobs'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'no jobs'; END $$",
+        "CREATE TRIGGER refuse_jobs BEFORE INSERT ON job "
+        "FOR EACH ROW EXECUTE FUNCTION refuse_jobs()",
+    ],
+}
+ALLOW_JOB_INSERTS = {
+    "sqlite": ["DROP TRIGGER refuse_jobs"],
+    "postgresql": ["DROP TRIGGER refuse_jobs ON job", "DROP FUNCTION refuse_jobs()"],
+}
+
+
+async def test_message_and_jobs_commit_together_or_not_at_all(
+    client: httpx.AsyncClient, channel: str, runtime: Runtime, backend: str
+) -> None:
+    """When the fan-out fails inside the database, the message is not stored either."""
+    async with runtime.db.engine.begin() as conn:
+        for statement in FAIL_JOB_INSERTS[backend]:
+            await conn.exec_driver_sql(statement)
+    with pytest.raises(Exception, match="no jobs"):
+        # The ASGI transport re-raises the application's error instead of a 500.
+        await publish(client, X_Broker_Message_ID="atomic")
+    assert (await count_rows(runtime))[:2] == (0, 0)
+    assert (await client.get(f"{channel}/message/atomic")).status_code == 404
+    async with runtime.db.engine.begin() as conn:
+        for statement in ALLOW_JOB_INSERTS[backend]:
+            await conn.exec_driver_sql(statement)
+    # The id was not used up by the failed attempt.
+    assert (await publish(client, X_Broker_Message_ID="atomic")).status_code == 201
+    assert (await count_rows(runtime))[:2] == (1, 3)
+
+
+async def test_deleting_a_consumer_removes_its_jobs(
+    client: httpx.AsyncClient, channel: str, runtime: Runtime
+) -> None:
+    r = await publish(client, X_Broker_Message_ID="m")
+    assert r.status_code == 201
+    consumer = await client.get(f"{channel}/consumer/k1")
+    r = await client.delete(
+        f"{channel}/consumer/k1",
+        headers={"If-Unmodified-Since": consumer.headers["Last-Modified"]},
+    )
+    assert r.status_code == 204
+    jobs = (await client.get(f"{channel}/message/m")).json()["Jobs"]
+    assert sorted(j["ListenerName"] for j in jobs) == ["k0", "k2"]
+    assert (await count_rows(runtime))[:2] == (1, 2)
+    # Later messages fan out to the remaining consumers only.
+    assert (await publish(client, X_Broker_Message_ID="n")).status_code == 201
+    assert (await count_rows(runtime))[:2] == (2, 4)

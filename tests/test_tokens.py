@@ -15,6 +15,7 @@ from app.config import Config, LogConfig, load_config_text
 from app.logging import setup_logging
 from app.runtime import Runtime
 from tests.helpers_api import FORM_TYPE, publish_headers, put_form
+from tests.pgcluster import free_port
 
 ADMIN = "admin-7f3c0e"
 SEEDED = {
@@ -299,3 +300,41 @@ def test_config_errors_do_not_echo_tokens() -> None:
     with pytest.raises(Exception) as caught:
         load_config_text(text)
     assert find_secrets(str(caught.value), [*SEEDED.values(), ADMIN]) == []
+
+
+# /_status: health and database reachability, never configuration secrets
+
+
+async def test_status_reports_a_reachable_database(
+    client: httpx.AsyncClient, config: Config, backend: str
+) -> None:
+    r = await client.get("/_status")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "database": {"dialect": backend, "status": "ok"}}
+    assert config.database.connection_url not in r.text
+    assert find_secrets(r.text, [*SEEDED.values(), ADMIN]) == []
+
+
+@pytest.mark.parametrize(
+    "rdbms_text",
+    [
+        "[rdbms]\ndialect=sqlite\nconnection-url=/nonexistent-dir/x/broker.sqlite3\n",
+        "[rdbms]\ndialect=postgresql\n"
+        "connection-url=postgresql://broker:db-pass-0c1d@127.0.0.1:{port}/broker\n",
+    ],
+    ids=["sqlite", "postgresql"],
+)
+async def test_status_reports_an_unreachable_database(rdbms_text: str) -> None:
+    config = load_config_text(rdbms_text.format(port=free_port()) + SEEDS)
+    runtime = Runtime(config)  # never started: nothing to seed into
+    try:
+        transport = httpx.ASGITransport(app=create_app(config, runtime))
+        async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+            r = await http.get("/_status")
+    finally:
+        await runtime.stop()
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "degraded"
+    assert body["database"]["status"].startswith("unreachable")
+    assert find_secrets(r.text, ["db-pass-0c1d", "/nonexistent-dir", *SEEDED.values(), ADMIN]) == []
