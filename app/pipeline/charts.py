@@ -52,7 +52,8 @@ def _frame(width: int, height: int, title: str, body: list[str]) -> str:
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
             f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
-            f'<text x="{_LEFT}" y="20" {_FONT} font-size="14" font-weight="600">'
+            f'<text x="{_LEFT}" y="20" font-family="system-ui, sans-serif" font-size="14" '
+            'font-weight="600">'
             f"{escape(title)}</text>",
             *body,
             "</svg>",
@@ -121,9 +122,8 @@ def line_chart(
         return x, _TOP + plot_h - plot_h * v / ticks[-1]
 
     body = _y_axis(ticks, width, height, y_label)
-    labels = sorted({t for t, _ in points})
-    step = max(1, math.ceil(len(labels) / 6))
-    for t in labels[::step]:
+    for i in range(6 if end > start else 1):
+        t = datetime.fromtimestamp(start + span * i / 5, tz=min(t for t, _ in points).tzinfo)
         x, _ = xy(t, 0)
         body.append(
             f'<text x="{x:.1f}" y="{height - _BOTTOM + 16}" text-anchor="middle" {_FONT}>'
@@ -136,10 +136,11 @@ def line_chart(
             f'<polyline class="series" points="{coords}" fill="none" stroke="{color(i)}" '
             f'stroke-width="2"/>'
         )
-        body.extend(
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color(i)}"/>'
-            for x, y in (xy(t, v) for t, v in ordered)
-        )
+        if len(ordered) <= 60:
+            body.extend(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color(i)}"/>'
+                for x, y in (xy(t, v) for t, v in ordered)
+            )
     body.extend(_legend(list(series), width, height))
     return _frame(width, height, title, body)
 

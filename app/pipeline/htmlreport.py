@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from html import escape
 from typing import Any
 
 from app.pipeline.charts import grouped_bars, line_chart, rate_bars
 
 MAX_SERIES = 10
+MAX_HOURLY_SPAN = timedelta(days=21)  # longer spans are drawn per day
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; background: #fafafa; }
@@ -21,7 +22,7 @@ h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8p
 .card b { display: block; font-size: 20px; }
 table { border-collapse: collapse; background: #fff; font-size: 12px; }
 th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
-th { background: #f0f0f0; } td.id { text-align: left; }
+th { background: #f0f0f0; } td.id { text-align: left; } .scroll { overflow-x: auto; }
 svg { background: #fff; border: 1px solid #ddd; border-radius: 6px; display: block; }
 """
 
@@ -64,18 +65,35 @@ def _table(rows: Sequence[Mapping[str, Any]], id_columns: Sequence[str]) -> str:
     for row in rows:
         ids = "".join(f'<td class="id">{escape(str(row[c]))}</td>' for c in id_columns)
         body.append("<tr>" + ids + "".join(_cell(k, row[k]) for k, _ in _COLUMNS) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f'<div class="scroll">{table}</div>'
 
 
 def _throughput(consumers: Sequence[Mapping[str, Any]], hourly: Sequence[Mapping[str, Any]]) -> str:
+    """Delivered jobs per hour (per day over long spans), zeros filled in, top consumers."""
     shown = [consumer_label(c) for c in sorted(consumers, key=lambda c: -c["jobs"])[:MAX_SERIES]]
-    series: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+    counts: dict[str, dict[datetime, float]] = defaultdict(lambda: defaultdict(float))
     for row in hourly:
         label = consumer_label(row)
         if label in shown:
-            series[label].append((datetime.fromisoformat(row["hour"]), float(row["delivered"])))
-    ordered = {label: series[label] for label in shown if label in series}
-    return line_chart(ordered, title="Delivered jobs per hour (UTC)", y_label="jobs / hour")
+            counts[label][datetime.fromisoformat(row["hour"])] += float(row["delivered"])
+    hours = [h for per in counts.values() for h in per]
+    if not hours:
+        return line_chart({}, title="Delivered jobs per hour (UTC)", y_label="jobs / hour")
+    first, last = min(hours), max(hours)
+    unit, name = timedelta(hours=1), "hour"
+    if last - first > MAX_HOURLY_SPAN:
+        unit, name = timedelta(days=1), "day"
+        first = first.replace(hour=0)
+    buckets = [first + i * unit for i in range(int((last - first) / unit) + 1)]
+    series = {}
+    for label in shown:
+        if label in counts:
+            per: defaultdict[datetime, float] = defaultdict(float)
+            for hour, value in counts[label].items():
+                per[first + ((hour - first) // unit) * unit] += value
+            series[label] = [(b, per[b]) for b in buckets]
+    return line_chart(series, title=f"Delivered jobs per {name} (UTC)", y_label=f"jobs / {name}")
 
 
 def render(report: Mapping[str, Any]) -> str:
