@@ -308,3 +308,41 @@ async def test_list_links_escape_ids(client: httpx.AsyncClient) -> None:
     [consumer_link] = (await client.get(f"{link}/consumers")).json()["Result"]
     assert consumer_link == "/channel/a%3Fb%20c/consumer/k%231"
     assert (await client.get(consumer_link)).json()["ID"] == "k#1"
+
+
+@pytest.mark.parametrize("field", ["token", "name"])
+async def test_nul_characters_are_400(client: httpx.AsyncClient, field: str) -> None:
+    # PostgreSQL text cannot hold NUL; SQLite could, but both backends answer alike.
+    r = await client.put(
+        "/channel/c1", content=f"{field}=a%00b".encode(), headers={"Content-Type": FORM_TYPE}
+    )
+    assert r.status_code == 400, r.text
+    assert (await client.get("/channel/c1")).status_code == 404
+    await create(client, "/channel/c1")
+    r = await client.put(
+        "/channel/c1/consumer/k1",
+        content=f"type=pull&{field}=a%00b".encode(),
+        headers={"Content-Type": FORM_TYPE},
+    )
+    assert r.status_code == 400, r.text
+    r = await put_form(client, "/channel/c1/consumer/k1", {"callbackUrl": "http://h/\x00x"})
+    assert r.status_code == 400, r.text
+
+
+@pytest.mark.parametrize("kind", STAKEHOLDERS)
+async def test_nul_in_path_ids_is_never_a_500(client: httpx.AsyncClient, kind: str) -> None:
+    r = await client.put(f"/{kind}/a%00b", content=b"", headers={"Content-Type": FORM_TYPE})
+    assert r.status_code == 400, r.text
+    assert (await client.get(f"/{kind}/a%00b")).status_code in (400, 404)
+    assert (await client.get("/channel/a%00b/consumers")).status_code in (400, 404)
+    assert (await client.get("/channel/a%00b/messages")).status_code in (400, 404)
+
+
+@pytest.mark.parametrize("field", ["ackWait", "maxAckPending"])
+async def test_consumer_numbers_fit_their_columns(
+    client: httpx.AsyncClient, channel: str, field: str
+) -> None:
+    r = await put_form(client, f"{channel}/consumer/k1", {"type": "pull", field: str(2**31)})
+    assert r.status_code == 400, r.text
+    r = await put_form(client, f"{channel}/consumer/k1", {"type": "pull", field: str(2**31 - 1)})
+    assert r.status_code == 200, r.text

@@ -17,6 +17,8 @@ from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, pr
 PAGE_SIZE = 25
 # Ids, names and tokens are VARCHAR(255) columns; PostgreSQL refuses longer values.
 MAX_FIELD_LENGTH = 255
+# ackWait and maxAckPending are 32-bit INTEGER columns.
+MAX_INTEGER = 2**31 - 1
 
 
 def http_date(moment: datetime) -> str:
@@ -32,9 +34,12 @@ def check_unmodified_since(current: datetime, header: str | None) -> None:
         raise PreconditionFailed("the object was modified since If-Unmodified-Since")
 
 
-def check_length(field: str, value: str) -> str:
-    if len(value) > MAX_FIELD_LENGTH:
-        raise InvalidInput(f"{field} must be at most {MAX_FIELD_LENGTH} characters")
+def check_text(field: str, value: str, *, limit: int | None = MAX_FIELD_LENGTH) -> str:
+    """PostgreSQL refuses over-long VARCHARs and any NUL character; both are a 400 here."""
+    if limit is not None and len(value) > limit:
+        raise InvalidInput(f"{field} must be at most {limit} characters")
+    if "\x00" in value:
+        raise InvalidInput(f"{field} must not contain NUL characters")
     return value
 
 
@@ -77,8 +82,8 @@ def _optional_positive(name: str, raw: str | None) -> int | None:
         value = int(raw)
     except ValueError:
         raise InvalidInput(f"{name} must be a positive integer") from None
-    if value < 1:
-        raise InvalidInput(f"{name} must be a positive integer")
+    if not 1 <= value <= MAX_INTEGER:
+        raise InvalidInput(f"{name} must be a positive integer up to {MAX_INTEGER}")
     return value
 
 
@@ -95,9 +100,9 @@ class AdminService:
         if_unmodified_since: str | None,
     ) -> Stakeholder:
         """Create or conditionally update a channel or producer."""
-        check_length(f"{kind} id", id_)
-        name = check_length("name", name or id_)
-        token = check_length("token", token or new_token())
+        check_text(f"{kind} id", id_)
+        name = check_text("name", name or id_)
+        token = check_text("token", token or new_token())
         async with self._db.transaction() as tx:
             store = self._store(kind, tx)
             existing = await store.get(id_, for_update=True)
@@ -127,16 +132,16 @@ class AdminService:
     async def put_consumer(
         self, channel_id: str, consumer_id: str, form: ConsumerForm, if_unmodified_since: str | None
     ) -> Consumer:
-        check_length("consumer id", consumer_id)
+        check_text("consumer id", consumer_id)
         consumer_type = parse_consumer_type(form.type)
-        url = (form.callback_url or "").strip()
+        url = check_text("callbackUrl", (form.callback_url or "").strip(), limit=None)
         if url and not is_absolute_url(url):
             raise InvalidInput("callbackUrl must be an absolute http(s) URL")
         if consumer_type is ConsumerType.PUSH and not url:
             raise InvalidInput("a push consumer needs an absolute callbackUrl")
         values = {
-            "name": check_length("name", form.name or consumer_id),
-            "token": check_length("token", form.token or new_token()),
+            "name": check_text("name", form.name or consumer_id),
+            "token": check_text("token", form.token or new_token()),
             "callback_url": url,
             "type": consumer_type.value,
             "ack_wait_seconds": _optional_positive("ackWait", form.ack_wait),

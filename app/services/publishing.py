@@ -100,8 +100,10 @@ class PublishingService:
                     f"Content-Type must be at most {MAX_CONTENT_TYPE_LENGTH} characters"
                 )
             message_id = (request.message_id or "").strip() or uuid.uuid4().hex
-            if len(message_id) > 255:
-                raise InvalidInput("X-Broker-Message-ID must be at most 255 characters")
+            if len(message_id) > 255 or "\x00" in message_id:
+                raise InvalidInput(
+                    "X-Broker-Message-ID must be at most 255 characters, without NUL"
+                )
             message, consumer_pks = await MessageStore(tx).publish(
                 channel_id=channel_id,
                 message_id=message_id,
