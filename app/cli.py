@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sweeper", help="the requeue sweeper only")
     sub.add_parser("dispatcher", help="push delivery to callback URLs only")
     sub.add_parser("migrate", help="migrate the database to the newest schema and exit")
+    sub.add_parser("bridge", help="the NATS bridge: JetStream pull clients take jobs ([nats])")
     pipeline = sub.add_parser(
         "pipeline", help="Spark jobs: pipeline archive|report|all [--help]", add_help=False
     )
@@ -55,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "migrate":
         migrate(config)
         return 0
+    if args.command == "bridge":
+        return asyncio.run(run_bridge(config))
     if args.command in ("sweeper", "dispatcher"):
         return asyncio.run(run_worker(config, args.command))
     if args.command == "serve":
@@ -146,6 +149,25 @@ async def run_worker(config: Config, command: str) -> int:
     log.info("%s running", command)
     await stop.wait()
     await runtime.stop()
+    return 0
+
+
+
+async def run_bridge(config: Config) -> int:
+    """The NATS bridge until SIGTERM or SIGINT; waiting pulls end, received acks are applied."""
+    from app.bridge.bridge import Bridge
+    from app.runtime import Runtime
+
+    runtime = Runtime(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runtime.start(seed=False)
+    try:
+        await Bridge(runtime, config.nats).run(stop)
+    finally:
+        await runtime.stop()
     return 0
 
 

@@ -27,6 +27,7 @@ class ConsumerCache:
         self._service = service
         self._ttl = ttl
         self._entries: dict[tuple[str, str], tuple[float, Lookup]] = {}
+        self._flights: dict[tuple[str, str], asyncio.Future[Lookup]] = {}
 
     def fresh(self, channel_id: str, consumer_id: str) -> Lookup | None:
         entry = self._entries.get((channel_id, consumer_id))
@@ -38,10 +39,17 @@ class ConsumerCache:
         cached = self.fresh(channel_id, consumer_id)
         if cached is not None:
             return cached
-        found = await self._service.lookup(channel_id, consumer_id)
+        key = (channel_id, consumer_id)
+        flight = self._flights.get(key)
+        if flight is None:
+            # One query per key at a time, however many requests arrive while it runs.
+            flight = asyncio.ensure_future(self._service.lookup(channel_id, consumer_id))
+            self._flights[key] = flight
+            flight.add_done_callback(lambda _: self._flights.pop(key, None))
+        found = await asyncio.shield(flight)
         if found.consumer is not None:
             expires = asyncio.get_running_loop().time() + self._ttl
-            self._entries[(channel_id, consumer_id)] = (expires, found)
+            self._entries[key] = (expires, found)
         return found
 
 

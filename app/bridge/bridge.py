@@ -130,6 +130,7 @@ class Bridge:
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._subs: list[Subscription] = []
+        self._awaiting_lookup: dict[tuple[str, str], list[tuple[str, bytes]]] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -240,24 +241,31 @@ class Bridge:
         if not msg.reply:
             return
         tokens = msg.subject.split(".")
-        stream, name = tokens[-2], tokens[-1]
-        cached = self.cache.fresh(stream, name)
+        key = (tokens[-2], tokens[-1])
+        queued = self._awaiting_lookup.get(key)
+        if queued is not None:  # keep arrival order behind a lookup in progress
+            queued.append((msg.reply, msg.data))
+            return
+        cached = self.cache.fresh(*key)
         if cached is not None and cached.consumer is not None:
             self.engine.submit(cached.consumer, msg.reply, msg.data)
             return
-        self._spawn(self._pull_after_lookup(stream, name, msg.reply, msg.data))
+        self._awaiting_lookup[key] = [(msg.reply, msg.data)]
+        self._spawn(self._pull_after_lookup(key))
 
-    async def _pull_after_lookup(self, stream: str, name: str, reply: str, body: bytes) -> None:
+    async def _pull_after_lookup(self, key: tuple[str, str]) -> None:
         try:
-            found = await self.cache.get(stream, name)
+            found = await self.cache.get(*key)
         except Exception:
-            log.exception("consumer lookup for %s.%s failed", stream, name)
+            log.exception("consumer lookup for %s.%s failed", *key)
+            self._awaiting_lookup.pop(key, None)
             return
-        if found.consumer is None:
-            # No such consumer: what the server answers when nobody serves the subject.
-            self.out.send(reply, None, b"NATS/1.0 503\r\n\r\n", b"")
-            return
-        self.engine.submit(found.consumer, reply, body)
+        for reply, body in self._awaiting_lookup.pop(key, []):
+            if found.consumer is None:
+                # No such consumer: what the server answers when nobody serves the subject.
+                self.out.send(reply, None, b"NATS/1.0 503\r\n\r\n", b"")
+            else:
+                self.engine.submit(found.consumer, reply, body)
 
     def _ack(self, subject: str, reply: str | None, payload: bytes) -> None:
         token = p.parse_ack_subject(self.ack_prefix, subject)

@@ -147,7 +147,9 @@ _NEXT_FIELDS: dict[str, str] = {
     "id": "string",
     "priority": "int",
 }
-_NEXT_STRUCT = "JSApiConsumerGetNextRequest"
+# nats-server 2.15.1 reports type errors as "Go struct field .batch of type int": the request
+# is decoded into an anonymous wrapper, so the struct name before the dot is empty (observed).
+_NEXT_STRUCT = ""
 _INT_RE = re.compile(r"^[+-]?\d+$")
 
 
@@ -248,7 +250,7 @@ def _decode_go_object(
     except (ValueError, UnicodeDecodeError):
         raise BadRequest("invalid character looking for beginning of value") from None
     if not isinstance(raw, dict):
-        raise BadRequest(f"json: cannot unmarshal {_json_kind(raw)} into Go value of type {struct}")
+        raise BadRequest(f"json: cannot unmarshal {_json_kind(raw)} into Go value")
     values: dict[str, int | bool | str] = {}
     for key, value in raw.items():
         name = key if key in fields else next((f for f in fields if f.lower() == key.lower()), None)

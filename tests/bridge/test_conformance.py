@@ -11,6 +11,7 @@ sweeper running, and a bridge on a JetStream-less server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -199,10 +200,8 @@ async def scenario(url: str, publish: Publish) -> Run:
 async def jetstream_run(server: NatsServer) -> Run:
     nc = await nats.connect(server.url)
     js = nc.jetstream()
-    try:
+    with contextlib.suppress(NotFoundError):
         await js.delete_stream("orders")
-    except NotFoundError:
-        pass
     await js.add_stream(StreamConfig(name="orders", subjects=["orders"]))
     await js.add_consumer(
         "orders",

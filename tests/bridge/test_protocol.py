@@ -57,23 +57,22 @@ def test_pull_request_bodies(body: bytes, expected: p.PullSpec) -> None:
         (b'{"batch": 1} x', "Bad Request - invalid character 'x' after top-level value"),
         (
             b'{"batch": "3"}',
-            "Bad Request - json: cannot unmarshal string into Go struct field "
-            "JSApiConsumerGetNextRequest.batch of type int",
+            "Bad Request - json: cannot unmarshal string into Go struct field .batch of type int",
         ),
         (
             b'{"batch": 1.5}',
             "Bad Request - json: cannot unmarshal number 1.5 into Go struct field "
-            "JSApiConsumerGetNextRequest.batch of type int",
+            ".batch of type int",
         ),
         (
             b'{"no_wait": 1}',
             "Bad Request - json: cannot unmarshal number into Go struct field "
-            "JSApiConsumerGetNextRequest.no_wait of type bool",
+            ".no_wait of type bool",
         ),
         (
             b'{"expires": "1s"}',
             "Bad Request - json: cannot unmarshal string into Go struct field "
-            "JSApiConsumerGetNextRequest.expires of type time.Duration",
+            ".expires of type time.Duration",
         ),
     ],
 )

@@ -1,0 +1,380 @@
+"""Raw pull requests and acks, byte for byte against real JetStream: every status line, its
+description and `Nats-Pending-*` headers, heartbeats, round-robin among waiting requests,
+`no_wait` endings, max_bytes endings and `+NXT`. Then the API errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
+
+from app.bridge import protocol as p
+from app.runtime import Runtime
+from app.store.jobs import JobStore
+from tests.bridge.conftest import ACK_WAIT, MAX_RETRY, BridgeFactory, NatsServer, publish_http
+
+NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.workers"
+Publish = Callable[[list[str]], Awaitable[None]]
+
+
+def summarize(msg: Msg, *, pending_bytes: bool) -> tuple[Any, ...]:
+    headers = msg.headers or {}
+    status = headers.get("Status")
+    if status is None:
+        return ("msg", msg.data.decode())
+    extra: tuple[Any, ...] = ()
+    if "Nats-Pending-Messages" in headers:
+        extra = (headers["Nats-Pending-Messages"],)
+        if pending_bytes:
+            extra += (headers.get("Nats-Pending-Bytes"),)
+    return ("status", status, headers.get("Description"), *extra)
+
+
+async def collect(
+    nc: Client,
+    body: bytes,
+    window: float,
+    *,
+    pending_bytes: bool = True,
+    during: Callable[[], Awaitable[None]] | None = None,
+) -> list[tuple[Any, ...]]:
+    """Send one pull request from a fresh inbox and record what arrives within `window`."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(NEXT, body, reply=inbox)
+    if during is not None:
+        await during()
+    seen: list[tuple[Any, ...]] = []
+    deadline = asyncio.get_running_loop().time() + window
+    while (left := deadline - asyncio.get_running_loop().time()) > 0:
+        try:
+            msg = await sub.next_msg(timeout=left)
+        except NatsTimeoutError:
+            break
+        seen.append(summarize(msg, pending_bytes=pending_bytes))
+        if msg.reply:
+            await nc.publish(msg.reply, b"")  # ack deliveries so the next case starts clean
+    await sub.unsubscribe()
+    return seen
+
+
+async def wire_scenario(url: str, publish: Publish) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    out: dict[str, Any] = {}
+    try:
+        out["bad_json"] = await collect(nc, b"{bad", 0.3)
+        out["heartbeat_too_large"] = await collect(
+            nc, b'{"batch": 1, "expires": 1000000000, "idle_heartbeat": 600000000}', 0.3
+        )
+        out["heartbeat_without_expires"] = await collect(nc, b'{"idle_heartbeat": 1000}', 0.3)
+        out["wrong_type"] = await collect(nc, b'{"batch": "2"}', 0.3)
+        out["batch_limit"] = await collect(nc, b'{"batch": 300}', 0.3)
+        out["expires_limit"] = await collect(nc, b'{"batch": 1, "expires": 301000000000}', 0.3)
+        out["no_wait_empty"] = await collect(nc, b'{"batch": 1, "no_wait": true}', 0.3)
+        out["expired"] = await collect(nc, b'{"batch": 2, "expires": 300000000}', 0.6)
+        out["expired_bytes"] = await collect(
+            nc, b'{"batch": 2, "expires": 300000000, "max_bytes": 1000}', 0.6
+        )
+        out["no_wait_with_expires"] = await collect(
+            nc, b'{"batch": 1, "no_wait": true, "expires": 300000000}', 0.6
+        )
+        out["heartbeats"] = await collect(
+            nc, b'{"batch": 1, "expires": 1200000000, "idle_heartbeat": 500000000}', 1.5
+        )
+        await publish(["w1"])
+        # (JetStream notices a new message asynchronously: a no_wait pull sent in the same
+        # instant as the publish can still see an empty stream.)
+        await asyncio.sleep(0.2)
+        out["drained_no_wait"] = await collect(nc, b'{"batch": 3, "no_wait": true}', 0.3)
+        await publish(["w2"])
+        await asyncio.sleep(0.2)
+        out["too_big"] = await collect(
+            nc, b'{"batch": 1, "max_bytes": 10, "expires": 400000000}', 0.6
+        )
+        out["batch_completed"] = await collect(
+            nc,
+            b'{"batch": 1, "max_bytes": 100000, "expires": 400000000}',
+            0.6,
+            pending_bytes=False,
+        )
+
+        async def later() -> None:
+            await asyncio.sleep(0.2)
+            await publish(["w3"])
+
+        out["empty_body_waits"] = await collect(nc, b"", 1.0, during=later)
+        out["integer_body"] = await collect(nc, b"2 ", 0.5, during=lambda: publish(["w4", "w5"]))
+
+        # Round-robin: two waiting requests, then three messages.
+        a, b = nc.new_inbox(), nc.new_inbox()
+        sub_a, sub_b = await nc.subscribe(a), await nc.subscribe(b)
+        await nc.publish(NEXT, b'{"batch": 2, "expires": 1500000000}', reply=a)
+        await nc.publish(NEXT, b'{"batch": 2, "expires": 1500000000}', reply=b)
+        await nc.flush()
+        await asyncio.sleep(0.2)
+        await publish(["r1", "r2", "r3"])
+        await asyncio.sleep(1.6)
+        for name, sub in (("round_robin_a", sub_a), ("round_robin_b", sub_b)):
+            got = []
+            with contextlib.suppress(NatsTimeoutError):
+                while True:
+                    msg = await sub.next_msg(timeout=0.05)
+                    got.append(summarize(msg, pending_bytes=True))
+                    if msg.reply:
+                        await nc.publish(msg.reply, b"")
+            out[name] = got
+            await sub.unsubscribe()
+
+        # +NXT: ack the first, and the ack's reply gets the next message.
+        await publish(["n1", "n2"])
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(NEXT, b'{"batch": 1, "expires": 1000000000}', reply=inbox)
+        first = await sub.next_msg(timeout=2)
+        # (Not nc.request(): the server writes the stored subject on the delivery, which
+        # nats-py's request multiplexer cannot route; a plain inbox subscription gets it.)
+        await nc.publish(first.reply, b'+NXT {"batch": 1}', reply=inbox)
+        following = await sub.next_msg(timeout=2)
+        out["next"] = [first.data.decode(), following.data.decode()]
+        out["next_delivered"] = following.reply.split(".")[-5]
+        out["ack_sync_of_next"] = (await nc.request(following.reply, b"+ACK", timeout=2)).data
+        # A repeated ack with a reply is still answered (the server does so).
+        out["ack_again"] = (await nc.request(following.reply, b"+ACK", timeout=2)).data
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
+    return out
+
+
+_reference: dict[str, dict[str, Any]] = {}
+
+
+async def jetstream_reference(server: NatsServer) -> dict[str, Any]:
+    if "wire" in _reference:
+        return _reference["wire"]
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    with contextlib.suppress(NotFoundError):
+        await js.delete_stream("orders")
+    await js.add_stream(name="orders", subjects=["orders"])
+    # The consumer as the bridge reports it, limits included (nats-py's ConsumerConfig has no
+    # max_batch / max_expires, so it is created with a raw API request).
+    config = {
+        "durable_name": "workers",
+        "name": "workers",
+        "ack_policy": "explicit",
+        "ack_wait": ACK_WAIT * p.NANOS,
+        "max_deliver": MAX_RETRY + 1,
+        "max_ack_pending": 1000,
+        "max_waiting": 512,
+        "max_batch": 256,
+        "max_expires": 300 * p.NANOS,
+        "filter_subject": "orders",
+    }
+    created = await nc.request(
+        "$JS.API.CONSUMER.CREATE.orders.workers.orders",
+        json.dumps({"stream_name": "orders", "config": config}).encode(),
+        timeout=5,
+    )
+    assert "error" not in json.loads(created.data), created.data
+
+    async def publish(names: list[str]) -> None:
+        for name in names:
+            await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
+
+    try:
+        _reference["wire"] = await wire_scenario(server.url, publish)
+    finally:
+        await js.delete_stream("orders")
+        await nc.close()
+    return _reference["wire"]
+
+
+@pytest.mark.parametrize("mode", ["client", "hybrid"])
+async def test_wire_matches_jetstream(
+    mode: str,
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+    runtime: Runtime,
+) -> None:
+    expected = await jetstream_reference(jetstream_server)
+    # The reference is what the protocol document recorded; a scenario that observes nothing
+    # cannot pass.
+    assert expected["bad_json"] == [
+        (
+            "status",
+            "400",
+            "Bad Request - invalid character 'b' looking for beginning of object key string",
+        )
+    ]
+    assert expected["expired"] == [("status", "408", "Request Timeout", "2", "0")]
+    assert expected["heartbeats"] == [
+        ("status", "100", "Idle Heartbeat"),
+        ("status", "100", "Idle Heartbeat"),
+        ("status", "408", "Request Timeout", "1", "0"),
+    ]
+    assert expected["round_robin_a"] == [("msg", "r1"), ("msg", "r3")]
+    await make_bridge(mode)
+    actual = await wire_scenario(hub.url, lambda names: publish_http(client, names))
+    for key, value in expected.items():
+        assert actual[key] == value, key
+    assert actual.keys() == expected.keys()
+    # The too-big job was given back without a retry counted, then delivered once.
+    async with runtime.db.transaction() as tx:
+        w2 = await JobStore(tx).get(2)
+    assert w2 is not None and w2.status.value == "DELIVERED" and w2.attempt == 1
+    assert w2.retry_count == 0
+
+
+async def api_errors(url: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    out: dict[str, Any] = {}
+    try:
+        for label, subject in (
+            ("info_unknown_consumer", "$JS.API.CONSUMER.INFO.orders.nobody"),
+            ("info_unknown_stream", "$JS.API.CONSUMER.INFO.nostream.workers"),
+        ):
+            reply = json.loads((await nc.request(subject, b"", timeout=2)).data)
+            out[label] = (reply["type"], reply["error"])
+        with pytest.raises(NotFoundError) as caught:
+            await js.consumer_info("orders", "nobody")
+        out["consumer_info_error"] = (caught.value.code, caught.value.err_code)
+        names = json.loads(
+            (await nc.request("$JS.API.STREAM.NAMES", b'{"subject": "orders"}', timeout=2)).data
+        )
+        out["names"] = (names["type"], names["streams"], names["total"])
+        psub = await js.pull_subscribe_bind("nobody", stream="orders")
+        with pytest.raises(ServiceUnavailableError):
+            await psub.fetch(1, timeout=1)
+        out["fetch_unknown"] = "ServiceUnavailableError"
+    finally:
+        await nc.close()
+    return out
+
+
+async def test_api_errors_match_jetstream(
+    jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory
+) -> None:
+    nc = await nats.connect(jetstream_server.url)
+    js = nc.jetstream()
+    with contextlib.suppress(NotFoundError):
+        await js.delete_stream("orders")
+    await js.add_stream(name="orders", subjects=["orders"])
+    try:
+        expected = await api_errors(jetstream_server.url)
+    finally:
+        await js.delete_stream("orders")
+        await nc.close()
+    assert expected["info_unknown_consumer"][1] == {
+        "code": 404,
+        "err_code": 10014,
+        "description": "consumer not found",
+    }
+    await make_bridge("client")
+    actual = await api_errors(hub.url)
+    assert actual["names"][1:] == expected["names"][1:] == (["orders"], 1)
+    assert actual == expected
+
+
+async def test_create_and_push_consumers(hub: NatsServer, make_bridge: BridgeFactory) -> None:
+    await make_bridge("client")
+    nc = await nats.connect(hub.url)
+    js = nc.jetstream()
+    try:
+        # CREATE of an existing pull consumer answers with its info.
+        created = json.loads(
+            (
+                await nc.request(
+                    "$JS.API.CONSUMER.CREATE.orders.workers.orders",
+                    b'{"stream_name": "orders", "config": {"durable_name": "workers"}}',
+                    timeout=2,
+                )
+            ).data
+        )
+        assert created["type"] == p.CREATE_TYPE
+        assert (created["name"], created["stream_name"]) == ("workers", "orders")
+        legacy = json.loads(
+            (
+                await nc.request("$JS.API.CONSUMER.DURABLE.CREATE.orders.workers", b"{}", timeout=2)
+            ).data
+        )
+        assert legacy["name"] == "workers"
+        # pull_subscribe of an unknown durable tries to create it: a clear refusal.
+        with pytest.raises(BadRequestError) as caught:
+            await js.pull_subscribe("orders", durable="newcomer", stream="orders")
+        assert "does not create consumers" in str(caught.value.description)
+        assert "newcomer" in str(caught.value.description)
+        with pytest.raises(NotFoundError):
+            await js.pull_subscribe("nothing", durable="workers")
+        # A push consumer: the JSON APIs refuse it, and a pull gets `409 Consumer is push based`.
+        with pytest.raises(APIError) as push:
+            await js.consumer_info("hooks", "mailer")
+        assert push.value.code == 409
+        assert "push based" in str(push.value.description)
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish("$JS.API.CONSUMER.MSG.NEXT.hooks.mailer", b"", reply=inbox)
+        status = await sub.next_msg(timeout=2)
+        assert status.headers is not None
+        assert (status.headers["Status"], status.headers["Description"]) == (
+            "409",
+            "Consumer is push based",
+        )
+    finally:
+        await nc.close()
+
+
+async def test_max_waiting_and_api_prefix(
+    hub: NatsServer, make_bridge: BridgeFactory, runtime: Runtime
+) -> None:
+    """A bridge on another API prefix (for accounts with JetStream) and a full wait queue."""
+    await make_bridge("client", api_prefix="BRIDGE.API", ack_prefix="BRIDGE.ACK")
+    nc = await nats.connect(hub.url)
+    try:
+        js = nc.jetstream(prefix="BRIDGE.API")
+        psub = await js.pull_subscribe("orders", durable="workers")
+        with pytest.raises(NatsTimeoutError):
+            await psub.fetch(1, timeout=0.5)
+        await asyncio.sleep(0.3)  # let that request's 408 go out: it counts until it expires
+        # Fill the wait queue of `workers` (max-waiting 512) and see the 513th refused.
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        for _ in range(512):
+            await nc.publish(
+                "BRIDGE.API.CONSUMER.MSG.NEXT.orders.workers",
+                b'{"batch": 1, "expires": 3000000000}',
+                reply=inbox,
+            )
+        await nc.flush()
+        refused = nc.new_inbox()
+        refused_sub = await nc.subscribe(refused)
+        await asyncio.sleep(0.3)
+        await nc.publish(
+            "BRIDGE.API.CONSUMER.MSG.NEXT.orders.workers",
+            b'{"batch": 1, "expires": 3000000000}',
+            reply=refused,
+        )
+        status = await refused_sub.next_msg(timeout=2)
+        assert status.headers is not None
+        assert (status.headers["Status"], status.headers["Description"]) == (
+            "409",
+            "Exceeded MaxWaiting",
+        )
+        info = await psub.consumer_info()
+        assert info.num_waiting == 512
+        await sub.unsubscribe()
+    finally:
+        await nc.close()
