@@ -2,7 +2,8 @@
 
 Layers, later ones win key by key: built-in defaults, /etc/webhook-broker/webhook-broker.cfg,
 ~/.webhook-broker/webhook-broker.cfg, ./webhook-broker.cfg, --config PATH, then environment
-variables WEBHOOK_BROKER__<SECTION>__<KEY> (underscores in SECTION and KEY stand for dashes).
+variables WEBHOOK_BROKER__<SECTION>__<KEY> (underscores in SECTION and KEY stand for dashes,
+except that a KEY of an [initial-*] section is an id and is taken as written).
 Nothing is read at import time: entry points call load_config() and pass the result down.
 """
 
@@ -304,7 +305,8 @@ def _apply_environment(parser: configparser.ConfigParser, environ: Mapping[str, 
         if len(parts) != 2 or not all(parts):
             raise ConfigError(f"environment variable {name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
         section = parts[0].lower().replace("_", "-")
-        key = parts[1].lower().replace("_", "-")
+        # Seeded ids are case-sensitive and may hold underscores: keep them as written.
+        key = parts[1] if section in SEED_SECTIONS else parts[1].lower().replace("_", "-")
         if not parser.has_section(section):
             parser.add_section(section)
         parser.set(section, key, value)

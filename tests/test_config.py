@@ -102,9 +102,28 @@ def test_environment_can_seed_channels() -> None:
     environ = {
         "WEBHOOK_BROKER__INITIAL_CHANNELS__orders": "Orders",
         "WEBHOOK_BROKER__INITIAL_CHANNEL_TOKENS__orders": "tok",
+        # Ids are taken as written: case and underscores are kept.
+        "WEBHOOK_BROKER__INITIAL_CHANNELS__Order_Events": "Events",
+        "WEBHOOK_BROKER__INITIAL_CHANNEL_TOKENS__Order_Events": "tok2",
+        "WEBHOOK_BROKER__INITIAL_PRODUCERS__shop_1": "Shop",
+        "WEBHOOK_BROKER__INITIAL_PRODUCER_TOKENS__shop_1": "tok3",
     }
     cfg = load_config(search_default_locations=False, environ=environ)
-    assert [(c.id, c.name, c.token) for c in cfg.seed.channels] == [("orders", "Orders", "tok")]
+    assert sorted((c.id, c.name, c.token) for c in cfg.seed.channels) == [
+        ("Order_Events", "Events", "tok2"),
+        ("orders", "Orders", "tok"),
+    ]
+    assert [(p.id, p.token) for p in cfg.seed.producers] == [("shop_1", "tok3")]
+
+
+def test_over_long_seed_values_are_refused() -> None:
+    long = "x" * 256
+    with pytest.raises(ConfigError, match=r"\[initial-channels\] c1: the token"):
+        load_config_text(f"[initial-channels]\nc1=\n[initial-channel-tokens]\nc1={long}\n")
+    with pytest.raises(ConfigError, match=r"\[initial-consumers\] k1: the name"):
+        load_config_text(
+            f"[initial-consumers]\nk1=\n[k1]\ntoken=t\nchannel=c\ntype=pull\nname={long}\n"
+        )
 
 
 @pytest.mark.parametrize(
