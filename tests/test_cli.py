@@ -156,7 +156,7 @@ async def test_serve_with_env_only_then_sigterm_drains(serve: tuple[Broker, str]
             )
         )
         await asyncio.wait_for(sent_first_half.wait(), timeout=10)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.0)  # the server has read the headers: the request is in flight
         broker.process.send_signal(signal.SIGTERM)
         signalled.set()
         response = await asyncio.wait_for(in_flight, timeout=20)
@@ -227,19 +227,29 @@ def test_bad_config_file_fails_start(workdir: Path) -> None:
     assert "nowhere.cfg" in missing.stderr
 
 
-def test_invalid_seed_entry_fails_start(workdir: Path) -> None:
+@pytest.mark.parametrize(
+    ("seed", "words"),
+    [
+        ("lonely=\n[lonely]\ntype=pull\nchannel=missing-channel\n", ["lonely", "missing-channel"]),
+        ("lonely=\n[lonely]\ntype=queue\nchannel=c\n", ["[lonely] type", "push or pull"]),
+        ("lonely=/hook\n[lonely]\nchannel=c\n", ["[initial-consumers] lonely", "absolute"]),
+    ],
+    ids=["unknown channel", "bad type", "relative callback URL"],
+)
+def test_invalid_seed_entry_fails_start(workdir: Path, seed: str, words: list[str]) -> None:
     config = workdir / "seed.cfg"
     config.write_text(
-        "[initial-consumers]\nlonely=\n[lonely]\ntoken=secret-of-lonely\n"
-        "channel=missing-channel\ntype=pull\n"
+        "[initial-channels]\nc=C\n[initial-channel-tokens]\nc=secret-of-c\n"
+        f"[initial-consumers]\n{seed}token=secret-of-lonely\n"
     )
     env = clean_env(
         workdir.parent / "home", WEBHOOK_BROKER__HTTP__LISTENER=f"127.0.0.1:{free_port()}"
     )
     result = run(["--config", str(config), "serve"], workdir, env)
     assert result.returncode != 0
-    assert "lonely" in result.stderr and "missing-channel" in result.stderr, result.stderr
-    assert "secret-of-lonely" not in result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+    assert "secret-of-lonely" not in result.stderr and "secret-of-c" not in result.stderr
 
 
 def test_migrate_then_api(workdir: Path) -> None:
