@@ -1,0 +1,123 @@
+"""A throwaway PostgreSQL cluster for one benchmark run (initdb into a temp dir, unused port).
+
+Like tests/pgcluster.py, but tuned for throughput (bigger shared buffers) and with
+pg_stat_statements loaded, so every run can say which statements each scenario issued.
+fsync and synchronous_commit are off unless `durable` is set: the pgbench ceiling runs on the
+same cluster with the same settings, so the ratios stay fair either way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def pg_bindir() -> Path:
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "initdb").exists():
+            return candidate
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    raise RuntimeError("PostgreSQL server binaries not found; install Debian's postgresql")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    """initdb refuses to run as root, so as root the cluster runs as the `postgres` user."""
+
+    def __init__(self, *, durable: bool = False, shared_buffers: str = "1GB") -> None:
+        self.bindir = pg_bindir()
+        self.root = Path(tempfile.mkdtemp(prefix="wb-bench-pg-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        self.durable = durable
+        self.shared_buffers = shared_buffers
+        self._as_root = os.geteuid() == 0
+        self.started = False
+
+    def _run(self, *args: str, timeout: float = 120) -> None:
+        command = list(args)
+        if self._as_root:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+
+    @property
+    def base_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url(self, dbname: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def start(self) -> None:
+        if self._as_root:
+            shutil.chown(self.root, "postgres")
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-sync",
+        )
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "max_connections": "400",
+            "shared_buffers": self.shared_buffers,
+            "shared_preload_libraries": "pg_stat_statements",
+            "pg_stat_statements.track_utility": "on",
+            "max_wal_size": "4GB",
+            "checkpoint_timeout": "15min",
+        }
+        if not self.durable:
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        options = f"-p {self.port} -k {self.root} " + " ".join(
+            f"-c {key}={value}" for key, value in settings.items()
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+        self.started = True
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("PostgreSQL did not start listening")
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+
+    def stop(self) -> None:
+        try:
+            if self.started:
+                self._run(
+                    str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop"
+                )
+        finally:
+            self.started = False
+            shutil.rmtree(self.root, ignore_errors=True)

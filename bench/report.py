@@ -1,0 +1,279 @@
+"""The printed table, the targets of issue 7, and bench/results/<date>.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.env import Measured
+from bench.scenarios import PAIRS, Runner, median_ratio
+
+LATENCY_KEYS = (
+    "pull",
+    "publish",
+    "fetch",
+    "list",
+    "script",
+    "claim_to_delivered",
+    "wakeup",
+    "enqueue",
+)
+CPU_ORDER = ("api", "pg", "gen", "pgbench", "dispatcher", "receiver", "bridge", "nats", "sweeper")
+
+
+def primary_latency(m: Measured) -> tuple[str, dict[str, Any]]:
+    for key in LATENCY_KEYS:
+        found = m.latency_ms.get(key)
+        if found and found.get("n"):
+            return key, found
+    return "", {}
+
+
+def cpu_text(cpu: dict[str, float]) -> str:
+    parts = [f"{k} {cpu[k]:.0f}" for k in CPU_ORDER if k in cpu and cpu[k] >= 0.5]
+    if "machine" in cpu:
+        parts.append(f"(machine {cpu['machine']:.0f})")
+    return " ".join(parts)
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def row(m: Measured, ratio: str = "") -> list[str]:
+    if m.status != "ok":
+        note = m.notes[0][:80] if m.notes else ""
+        return [m.name, m.status, "-", "-", "-", note]
+    key, lat = primary_latency(m)
+    p50 = fmt(lat.get("p50"), 2) if lat else "-"
+    p99 = fmt(lat.get("p99"), 2) if lat else "-"
+    if key and key not in ("pull", "publish", "fetch", "script"):
+        p50 = f"{p50} ({key})"
+    rate = fmt(m.rate, 0)
+    if "statements_per_s" in m.extra:
+        rate = f"{m.extra['statements_per_s']:.1f} stmt/s"
+    if any("lower bound" in n for n in m.notes):
+        rate = f">={rate}"
+    return [m.name, rate, p50, p99, cpu_text(m.cpu), ratio]
+
+
+def markdown(rows: list[list[str]]) -> str:
+    header = ["scenario", "jobs/s", "p50 ms", "p99 ms", "CPU % of a core", "ratio / note"]
+    table = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in table)
+
+
+@dataclass
+class Target:
+    name: str
+    goal: str
+    measured: str
+    verdict: str  # PASS | FAIL | n/a
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "target": self.name,
+            "goal": self.goal,
+            "measured": self.measured,
+            "verdict": self.verdict,
+        }
+
+
+def _find(runner: Runner, prefix: str, group: str | None = None) -> list[Measured]:
+    return [
+        m
+        for m in runner.results
+        if m.name.startswith(prefix) and (group is None or m.group == group)
+    ]
+
+
+def median_run(runs: list[Measured]) -> Measured | None:
+    ok = [m for m in runs if m.status == "ok"]
+    if not ok:
+        return None
+    ordered = sorted(ok, key=lambda m: m.rate)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def check(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def targets(runner: Runner) -> list[Target]:
+    s = runner.s
+    out: list[Target] = []
+    pull_batch = median_run(_find(runner, f"HTTP pull({s.batch}) + batch ack", "ours"))
+    goproto = median_run(_find(runner, "Go protocol"))
+    jetstream = median_run(_find(runner, "NATS JetStream"))
+    bridge = median_run(_find(runner, "NATS bridge"))
+    pgq = median_run(_find(runner, "pgqueuer dequeue"))
+    for ours, goal, minimum in (
+        ("pull-batch", "HTTP pull(100) + batch ack >= 30% of the pgbench claim + batch ack", 0.30),
+        ("pull-each", "HTTP pull + one ack POST per job >= 10% of claim + per-job ack", 0.10),
+        ("publish", "HTTP publish, fan-out 5 >= 15% of the pgbench publish ceiling", 0.15),
+    ):
+        ratio = median_ratio(runner.pairs.get(ours, []))
+        n = len(runner.pairs.get(ours, []))
+        out.append(
+            Target(
+                goal.split(" >=")[0],
+                ">= " + f"{minimum:.0%}",
+                "-" if ratio is None else f"{ratio:.1%} (median of {n} pairs)",
+                check(None if ratio is None else ratio >= minimum),
+            )
+        )
+    if pull_batch and goproto and goproto.rate:
+        x = pull_batch.rate / goproto.rate
+        out.append(
+            Target("pull + batch ack vs the Go protocol", ">= 10x", f"{x:.1f}x", check(x >= 10))
+        )
+    if bridge and jetstream and jetstream.rate and bridge.status == "ok":
+        x = bridge.rate / jetstream.rate
+        out.append(Target("NATS bridge vs real JetStream", ">= 50%", f"{x:.1%}", check(x >= 0.5)))
+    else:
+        out.append(Target("NATS bridge vs real JetStream", ">= 50%", "bridge not available", "n/a"))
+    if pull_batch and pgq and pgq.rate:
+        x = pull_batch.rate / pgq.rate
+        out.append(
+            Target("pull + batch ack vs pgqueuer dequeue", ">= 3x", f"{x:.1f}x", check(x >= 3))
+        )
+    if pull_batch:
+        lat = pull_batch.latency_ms.get("pull", {})
+        if lat.get("n"):
+            out.append(
+                Target(
+                    f"claim (pull) latency at {s.pollers} pollers",
+                    "p50 < 10 ms, p99 < 25 ms",
+                    f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms",
+                    check(lat["p50"] < 10 and lat["p99"] < 25),
+                )
+            )
+    wake = _find(runner, "long-poll wake-up")
+    if wake and wake[0].latency_ms.get("wakeup", {}).get("n"):
+        lat = wake[0].latency_ms["wakeup"]
+        out.append(
+            Target(
+                "long-poll wake-up",
+                "p50 < 10 ms, p99 < 50 ms",
+                f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms",
+                check(lat["p50"] < 10 and lat["p99"] < 50),
+            )
+        )
+    idle = _find(runner, f"{s.idle_pollers} idle long-pollers")
+    if idle and idle[0].status == "ok":
+        due = idle[0].extra["statements_per_s_due_to_pollers"]
+        out.append(
+            Target(
+                f"{s.idle_pollers} idle long-pollers",
+                "<= 10 statements/s",
+                f"{due:.1f}/s beyond the idle baseline",
+                check(due <= 10 if s.idle_pollers >= 100 else None),
+            )
+        )
+    small = _find(runner, "claim latency, " + f"{s.small_backlog:,}")
+    large = _find(runner, "claim latency, " + f"{s.large_backlog:,}")
+    if small and large:
+        a = small[0].latency_ms.get("pull", {})
+        b = large[0].latency_ms.get("pull", {})
+        if a.get("n") and b.get("n"):
+            x = b["p50"] / a["p50"]
+            out.append(
+                Target(
+                    f"claim p50 at {s.large_backlog:,} vs {s.small_backlog:,} queued",
+                    "<= 1.5x (issue: 10M vs 10k)",
+                    f"{x:.2f}x ({b['p50']:.1f} vs {a['p50']:.1f} ms)",
+                    check(x <= 1.5),
+                )
+            )
+    soak = _find(runner, "soak")
+    if soak and "loss_first_to_last_minute" in soak[0].extra:
+        loss = soak[0].extra["loss_first_to_last_minute"]
+        out.append(
+            Target(
+                "soak: first to last minute",
+                "<= 10% loss",
+                f"{loss:.1%}",
+                check(loss is not None and loss <= 0.10),
+            )
+        )
+    else:
+        out.append(
+            Target("soak: first to last minute", "<= 10% loss", "not run (--soak 600)", "n/a")
+        )
+    return out
+
+
+def tables(runner: Runner) -> str:
+    s = runner.s
+    sections: list[str] = []
+    matrix = [m for m in runner.results if m.group == "ceiling" and "[round" not in m.name]
+    if matrix:
+        sections.append(
+            "Database ceiling: pgbench with our statements (-M prepared)\n\n"
+            + markdown([row(m) for m in matrix])
+        )
+    paired: list[list[str]] = []
+    for ours, script in PAIRS.items():
+        pairs = runner.pairs.get(ours, [])
+        if not pairs:
+            continue
+        label = {
+            "pull-batch": f"HTTP pull({s.batch}) + batch ack",
+            "pull-each": f"HTTP pull({s.batch}) + one ack",
+            "publish": "HTTP publish",
+        }[ours]
+        mine = median_run(_find(runner, label, "ours"))
+        ceilings = [m for m in runner.results if m.name.startswith(f"pgbench {script},")]
+        ceiling = median_run(ceilings)
+        ratio = median_ratio(pairs)
+        ratios = ", ".join(f"{p['ratio']:.1%}" for p in pairs)
+        if ceiling:
+            paired.append(row(ceiling, f"ceiling (median of {len(pairs)})"))
+        if mine:
+            mine_row = row(mine, f"{ratio:.1%} of ceiling (rounds: {ratios})" if ratio else "")
+            mine_row[0] = mine.name.split(" [round")[0]
+            paired.append(mine_row)
+    if paired:
+        sections.append(
+            "Ours against the ceiling, measured back to back (median run of the rounds)\n\n"
+            + markdown(paired)
+        )
+    others = [
+        m for m in runner.results if m.group in ("ours", "baseline") and "[round" not in m.name
+    ]
+    if others:
+        sections.append("Other scenarios and peers\n\n" + markdown([row(m) for m in others]))
+    goals = targets(runner)
+    sections.append(
+        "Targets (issue 7)\n\n"
+        + "\n".join(
+            "| " + " | ".join(cells) + " |"
+            for cells in [
+                ["target", "goal", "measured", "verdict"],
+                ["---"] * 4,
+                *([t.name, t.goal, t.measured, t.verdict] for t in goals),
+            ]
+        )
+    )
+    return "\n\n".join(sections)
+
+
+def write_json(path: Path, runner: Runner, meta: dict[str, Any]) -> None:
+    data = {
+        **meta,
+        "results": [m.as_dict() for m in runner.results],
+        "pairs": {
+            k: {"rounds": v, "median_ratio": median_ratio(v)} for k, v in runner.pairs.items()
+        },
+        "targets": [t.as_dict() for t in targets(runner)],
+        "best_ceiling_clients": runner.best_clients,
+        "plans": runner.plans,
+        "profiles": runner.profiles,
+        "log": runner.log,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")

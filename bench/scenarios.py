@@ -1,0 +1,934 @@
+"""The scenarios: the pgbench ceiling, our HTTP paths, and the peers, each measured the same way.
+
+Each measured run: fill the backlog it needs, VACUUM (so every run starts without the previous
+run's dead tuples), warm up, then a fixed window in which jobs are counted from the database
+and CPU from /proc (psutil).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from bench import db, profile
+from bench.broker import PUB_CONSUMERS, PUSH_CONSUMER, bridge_available
+from bench.env import DBNAME, Env, Measured, wait_port
+from bench.pg import free_port
+from bench.pgbench import JOBS_COUNTED_BY, jobs_per_script, run_pgbench
+from bench.procs import CpuMeter, Service
+
+# First guesses of jobs/s, used only to size backlogs before a scenario has run once; every
+# measurement replaces its guess. A backlog that runs dry is reported, never hidden.
+GUESS = {
+    "claim": 20_000.0,
+    "batch_ack": 12_000.0,
+    "each_ack": 5_000.0,
+    "pull-batch": 6_000.0,
+    "pull-each": 1_500.0,
+    "goproto": 1_000.0,
+    "push": 1_500.0,
+    "jetstream": 20_000.0,
+    "bridge": 10_000.0,
+    "pgqueuer": 5_000.0,
+    "publish": 5_000.0,
+}
+PGBENCH_CONSUMER = {"claim": "pgb-claim", "batch_ack": "pgb-batch", "each_ack": "pgb-each"}
+PAIRS = {
+    # our HTTP scenario -> the pgbench script that is its ceiling
+    "pull-batch": "batch_ack",
+    "pull-each": "each_ack",
+    "publish": "publish",
+}
+STATUS_ACTIVE_HEAD = 12
+
+
+class Runner:
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.s = env.settings
+        self.results: list[Measured] = []
+        self.rates: dict[str, float] = dict(GUESS)
+        self.best_clients: dict[str, int] = {}
+        self.pairs: dict[str, list[dict[str, float]]] = {}
+        self.plans: dict[str, list[str]] = {}
+        self.profiles: dict[str, Any] = {}
+        self.log: list[str] = []
+
+    def say(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        self.log.append(line)
+        print(line, flush=True)
+
+    def keep(self, measured: Measured) -> Measured:
+        self.results.append(measured)
+        rate = f"{measured.rate:,.0f} jobs/s" if measured.status == "ok" else measured.status
+        self.say(f"  {measured.name}: {rate}")
+        return measured
+
+    def need(self, key: str, seconds: float, minimum: int = 0) -> int:
+        return max(minimum, int(self.rates.get(key, 1000.0) * seconds * 1.4))
+
+    async def exhausted(self, m: Measured, consumer: str) -> None:
+        left = await db.queued(self.env.conn, self.env.pks[consumer])
+        m.extra["queued_left"] = left
+        if left == 0:
+            m.notes.append("backlog ran out during the run: a lower bound")
+
+    # -- the ceiling --------------------------------------------------------------------------
+
+    async def pgbench(self, script: str, clients: int, name: str | None = None) -> Measured:
+        """One pgbench run; run again, once, with a bigger backlog if it ran dry."""
+        m = await self._pgbench_once(script, clients, name)
+        if any("ran out" in note for note in m.notes):
+            self.say(f"  {m.name}: backlog ran out at {m.rate:,.0f} jobs/s; again, bigger")
+            self.rates[f"{script}/{clients}"] = m.rate * 2.0
+            m = await self._pgbench_once(script, clients, name)
+        return self.keep(m)
+
+    async def _pgbench_once(self, script: str, clients: int, name: str | None) -> Measured:
+        s, env = self.s, self.env
+        warm, dur = s.pgbench_warmup, s.pgbench_duration
+        consumer = PGBENCH_CONSUMER.get(script)
+        key = f"{script}/{clients}"
+        if consumer:
+            guess = self.rates.get(key, self.rates[script])
+            need = int(guess * (warm + dur + 1.5) * 1.4) + s.batch * clients * 2
+            await env.backlog(consumer, need)
+        await db.vacuum(env.conn, "job")
+        pks = [env.pks[consumer]] if consumer else [env.pks[c] for c in PUB_CONSUMERS]
+        defines = {
+            "cpk": str(pks[0]),
+            "st_q": "QUEUED",
+            "st_i": "INFLIGHT",
+            "st_d": "DELIVERED",
+            "one": "1",
+            "zero": "0",
+            # Claim-only runs leave their jobs in flight: a lease longer than the benchmark
+            # keeps the sweeper from requeueing them in the middle of later scenarios.
+            "ack_wait": "3600" if script == "claim" else "32",
+            "batch": str(s.batch),
+            "pub_channel": "pub",
+            "producer": "bp",
+            "payload": db.payload(),
+            "ctype": "application/json",
+            "headers": "{}",
+            "psize": str(db.PAYLOAD_BYTES),
+            "notify_channel": "webhook_broker_jobs",
+            "notify_payload": ",".join(str(pk) for pk in sorted(pks)),
+        }
+        meter = env.meter()
+        launched = await db.clock(env.conn)
+        task = asyncio.create_task(
+            run_pgbench(
+                bindir=env.cluster.bindir,
+                port=env.cluster.port,
+                dbname=DBNAME,
+                workdir=env.workdir,
+                script=script,
+                batch=s.batch,
+                clients=clients,
+                seconds=math.ceil(warm + dur + 1),
+                defines=defines,
+                window=(warm, warm + dur),
+            )
+        )
+        await asyncio.sleep(warm)
+        meter.start()
+        await db.statements_reset(env.conn)
+        await asyncio.sleep(dur)
+        meter.stop()
+        statements = await db.statements(env.conn, DBNAME)
+        run = await task
+        window = db.DbWindow(
+            launched + timedelta(seconds=warm), launched + timedelta(seconds=warm + dur)
+        )
+        jobs = await db.count_jobs(env.conn, JOBS_COUNTED_BY[script], pks, window)
+        label = {
+            "claim": f"claim({s.batch})",
+            "batch_ack": f"claim({s.batch}) + batch ack",
+            "each_ack": f"claim({s.batch}) + per-job ack",
+            "publish": f"publish, fan-out {len(pks)}",
+        }[script]
+        m = Measured(
+            name or f"pgbench {label}, {clients} client{'s' if clients > 1 else ''}",
+            "ceiling",
+            jobs=jobs,
+            seconds=window.seconds,
+            latency_ms={"script": run.latency_ms},
+            cpu=meter.percent(),
+            extra={
+                "script": script,
+                "clients": clients,
+                "pgbench_tps": run.tps,
+                "pgbench_jobs_per_s": round(
+                    run.tps * jobs_per_script(script, s.batch, len(pks)), 1
+                ),
+                "statements": statements[:STATUS_ACTIVE_HEAD],
+            },
+        )
+        if run.failed:
+            m.status = "failed"
+            m.notes.append(run.output[-600:])
+        if consumer:
+            await self.exhausted(m, consumer)
+        if m.rate > 0:
+            self.rates[key] = m.rate
+            self.rates[script] = max(self.rates[script], m.rate)
+        return m
+
+    async def ceiling_matrix(self) -> None:
+        self.say("pgbench ceiling: our statements at " + ", ".join(map(str, self.s.clients)))
+        for script in ("claim", "batch_ack", "each_ack", "publish"):
+            best: tuple[float, int] = (-1.0, self.s.clients[0])
+            for clients in sorted(self.s.clients):
+                # A run's rate sizes the next (larger) run's backlog.
+                if clients > 1 and f"{script}/{clients}" not in self.rates:
+                    smaller = [c for c in self.s.clients if c < clients]
+                    if smaller:
+                        previous = self.rates.get(f"{script}/{max(smaller)}", 0.0)
+                        self.rates[f"{script}/{clients}"] = max(previous * 2.5, self.rates[script])
+                m = await self.pgbench(script, clients)
+                if m.status == "ok" and m.rate > best[0]:
+                    best = (m.rate, clients)
+            self.best_clients[script] = best[1]
+
+    # -- our HTTP scenarios -------------------------------------------------------------------
+
+    async def http_pull(self, ack: str, round_no: int | None = None) -> Measured:
+        s, env = self.s, self.env
+        consumer = "pull-batch" if ack == "batch" else "pull-each"
+        await env.backlog(
+            consumer, self.need(consumer, s.warmup + s.duration + 3, s.batch * s.pollers * 4)
+        )
+        await db.vacuum(env.conn, "job")
+        spec = {
+            "mode": "pull",
+            "ports": env.api_ports,
+            "warmup": s.warmup,
+            "duration": s.duration,
+            "workers": s.pollers,
+            "batch": s.batch,
+            "ack": ack,
+            **env.consumer_spec(consumer),
+        }
+        label = "batch ack" if ack == "batch" else "one ack POST per job"
+        name = f"HTTP pull({s.batch}) + {label}, {s.pollers} pollers"
+        if round_no is not None:
+            name += f" [round {round_no}]"
+        m = await self.measure_loadgen(name, spec, "delivered", [consumer])
+        await self.exhausted(m, consumer)
+        if m.rate > 0:
+            self.rates[consumer] = m.rate
+        return self.keep(m)
+
+    async def http_publish(self, round_no: int | None = None) -> Measured:
+        s, env = self.s, self.env
+        await db.vacuum(env.conn, "job")
+        spec = {
+            "mode": "publish",
+            "ports": env.api_ports,
+            "warmup": s.warmup,
+            "duration": s.duration,
+            "workers": s.publishers,
+            "payload": db.payload(),
+            **env.producer_spec("pub"),
+        }
+        name = f"HTTP publish, fan-out {len(PUB_CONSUMERS)}, {s.publishers} publishers"
+        if round_no is not None:
+            name += f" [round {round_no}]"
+        m = await self.measure_loadgen(name, spec, "created", list(PUB_CONSUMERS))
+        m.extra["messages_per_s"] = round(m.rate / len(PUB_CONSUMERS), 1)
+        return self.keep(m)
+
+    async def measure_loadgen(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        kind: str,
+        consumers: list[str],
+        group: str = "ours",
+        with_profile: str | None = None,
+    ) -> Measured:
+        env = self.env
+        meter = env.meter()
+        profiling: asyncio.Task[dict[str, Any]] | None = None
+        if with_profile and self.s.profile and env.broker is not None:
+            pid = env.broker.apis[0].pid
+            out = env.workdir / f"pyspy-{with_profile}.txt"
+            seconds = spec["warmup"] + spec["duration"]
+            profiling = asyncio.create_task(profile.record(pid, seconds, out))
+        result, window, statements = await env.run_loadgen(
+            spec, meter, within=spec.get("warmup", 0) + spec.get("duration", 0) + 180
+        )
+        pks = [env.pks[c] for c in consumers]
+        jobs = await db.count_jobs(env.conn, kind, pks, window)
+        m = Measured(
+            name,
+            group,
+            jobs=jobs,
+            seconds=window.seconds,
+            latency_ms=result.get("latency_ms", {}),
+            cpu=meter.percent(),
+            extra={
+                "client": {k: v for k, v in result.items() if k != "latency_ms"},
+                "statements": statements[:STATUS_ACTIVE_HEAD],
+                "statements_per_job": round(sum(st["calls"] for st in statements) / jobs, 2)
+                if jobs
+                else None,
+            },
+        )
+        if result.get("errors"):
+            m.notes.append(
+                f"{result['counts'].get('errors', 0)} client errors, first: "
+                f"{result['errors'][0][:200]}"
+            )
+        if profiling is not None:
+            self.profiles[with_profile or name] = await profiling
+        return m
+
+    async def paired_rounds(self) -> None:
+        """Ceiling and ours back to back, `rounds` times: the ratios are medians of pairs."""
+        s = self.s
+        for round_no in range(1, s.rounds + 1):
+            self.say(f"paired round {round_no}/{s.rounds}")
+            for ours, script in PAIRS.items():
+                if not s.wants(ours):
+                    continue
+                clients = self.best_clients.get(script, 4)
+                ceiling = await self.pgbench(
+                    script, clients, f"pgbench {script}, {clients} clients [round {round_no}]"
+                )
+                tag = ours if round_no == 1 else None
+                if ours == "publish":
+                    mine = await self.http_publish(round_no)
+                else:
+                    mine = await self.http_pull(
+                        "batch" if ours == "pull-batch" else "each", round_no
+                    )
+                if tag and s.profile and not self.profiles.get(tag):
+                    # One more run of ours under py-spy (kept out of the ratios).
+                    await self.profiled(ours)
+                self.pairs.setdefault(ours, []).append(
+                    {
+                        "ceiling": round(ceiling.rate, 1),
+                        "ours": round(mine.rate, 1),
+                        "ratio": round(mine.rate / ceiling.rate, 4) if ceiling.rate else 0.0,
+                        "ceiling_clients": clients,
+                    }
+                )
+
+    async def profiled(self, ours: str) -> None:
+        s, env = self.s, self.env
+        if ours == "publish":
+            spec: dict[str, Any] = {
+                "mode": "publish",
+                "ports": env.api_ports[:1],
+                "warmup": 1.0,
+                "duration": s.duration,
+                "workers": s.publishers,
+                "payload": db.payload(),
+                **env.producer_spec("pub"),
+            }
+            kind, consumers = "created", list(PUB_CONSUMERS)
+        else:
+            consumer = ours
+            await env.backlog(consumer, self.need(consumer, s.duration + 4, 10_000))
+            spec = {
+                "mode": "pull",
+                "ports": env.api_ports[:1],
+                "warmup": 1.0,
+                "duration": s.duration,
+                "workers": s.pollers,
+                "batch": s.batch,
+                "ack": "batch" if ours == "pull-batch" else "each",
+                **env.consumer_spec(consumer),
+            }
+            kind, consumers = "delivered", [consumer]
+        self.say(f"  profiling {ours} with py-spy (one API process, not in the ratios)")
+        m = await self.measure_loadgen(
+            f"{ours} under py-spy", spec, kind, consumers, group="profile", with_profile=ours
+        )
+        self.profiles.setdefault(ours, {})["run"] = m.as_dict()
+
+    # -- the Go original's protocol -----------------------------------------------------------
+
+    async def goproto(self) -> Measured:
+        s, env = self.s, self.env
+        consumer = "goproto"
+        await env.backlog(consumer, self.need(consumer, s.warmup + s.duration + 3, 20_000))
+        await db.vacuum(env.conn, "job")
+        launched = await db.clock(env.conn)
+        spec = {
+            "mode": "goproto",
+            "ports": env.api_ports,
+            "warmup": s.warmup,
+            "duration": s.duration,
+            "workers": s.pollers,
+            "limit": s.go_limit,
+            **env.consumer_spec(consumer),
+        }
+        m = await self.measure_loadgen(
+            f"Go protocol: queued-jobs(limit {s.go_limit}) + INFLIGHT + DELIVERED per job, "
+            f"{s.pollers} workers",
+            spec,
+            "delivered",
+            [consumer],
+            group="baseline",
+        )
+        finished = await db.clock(env.conn)
+        total = await db.count_jobs(
+            env.conn, "delivered", [env.pks[consumer]], db.DbWindow(launched, finished)
+        )
+        counts = m.extra["client"].get("counts", {})
+        statuses = m.extra["client"].get("statuses", {})
+        if total:
+            m.extra["jobs_listed_per_job_delivered"] = round(
+                counts.get("jobs listed", 0) / total, 2
+            )
+            m.extra["delivered_posts_per_job_delivered"] = round(
+                statuses.get("DELIVERED 202", 0) / total, 2
+            )
+        await self.exhausted(m, consumer)
+        if m.rate > 0:
+            self.rates[consumer] = m.rate
+        return self.keep(m)
+
+    # -- push ---------------------------------------------------------------------------------
+
+    async def push(self) -> Measured:
+        s, env = self.s, self.env
+        assert env.broker is not None
+        warm = s.warmup + 2.0  # the dispatcher process starts inside the warm-up
+        await env.backlog(PUSH_CONSUMER, self.need("push", warm + s.duration + 3, 10_000))
+        await db.vacuum(env.conn, "job")
+        meter = env.meter()
+        meter.add("receiver", env.receiver.pid)
+        dispatcher = await env.broker.start_dispatcher()
+        meter.add("dispatcher", dispatcher.pid)
+        try:
+            await asyncio.sleep(warm)
+            if not dispatcher.alive():
+                raise RuntimeError(f"dispatcher exited:\n{dispatcher.log_tail()}")
+            meter.start()
+            start = await db.clock(env.conn)
+            await db.statements_reset(env.conn)
+            await asyncio.sleep(s.duration)
+            meter.stop()
+            end = await db.clock(env.conn)
+            statements = await db.statements(env.conn, DBNAME)
+        finally:
+            await env.broker.stop_dispatcher()
+        window = db.DbWindow(start, end)
+        pk = env.pks[PUSH_CONSUMER]
+        jobs = await db.count_jobs(env.conn, "delivered", [pk], window)
+        m = Measured(
+            "push delivery to a local receiver (dispatcher, max-workers 200)",
+            "ours",
+            jobs=jobs,
+            seconds=window.seconds,
+            latency_ms={"claim_to_delivered": await db.delivery_latency(env.conn, pk, window)},
+            cpu=meter.percent(),
+            extra={"statements": statements[:STATUS_ACTIVE_HEAD]},
+        )
+        await self.exhausted(m, PUSH_CONSUMER)
+        if m.rate > 0:
+            self.rates["push"] = m.rate
+        return self.keep(m)
+
+    # -- long polls -----------------------------------------------------------------------------
+
+    async def wakeup(self) -> Measured:
+        s, env = self.s, self.env
+        spec = {
+            "mode": "wakeup",
+            "ports": env.api_ports,
+            "samples": s.wake_samples,
+            "warmup_samples": 5,
+            "settle": 0.1,
+            **env.consumer_spec("wake"),
+            "producer": "bp",
+            "producer_token": "tok-bp",
+        }
+        meter = env.meter()
+        result, window, statements = await env.run_loadgen(
+            spec, meter, within=s.wake_samples * 2 + 120
+        )
+        lat = result.get("latency_ms", {})
+        m = Measured(
+            f"long-poll wake-up: publish -> waiting pull ({s.wake_samples} samples)",
+            "ours",
+            jobs=lat.get("wakeup", {}).get("n", 0),
+            seconds=window.seconds,
+            latency_ms=lat,
+            cpu=meter.percent(),
+            extra={"client": {k: v for k, v in result.items() if k != "latency_ms"}},
+        )
+        m.notes.append("jobs/s is not the point here: each sample is one publish + one pull")
+        if result.get("errors"):
+            m.notes.append(f"client errors: {result['errors'][:3]}")
+        return self.keep(m)
+
+    async def idle(self) -> Measured:
+        s, env = self.s, self.env
+        quiet = max(2.0, s.duration / 2)
+        await db.statements_reset(env.conn)
+        await asyncio.sleep(quiet)
+        baseline = sum(st["calls"] for st in await db.statements(env.conn, DBNAME)) / quiet
+        spec = {
+            "mode": "idle",
+            "ports": env.api_ports,
+            "warmup": 2.0,
+            "duration": s.duration,
+            "pollers": s.idle_pollers,
+            **env.consumer_spec("idle"),
+        }
+        meter = env.meter()
+        result, window, statements = await env.run_loadgen(spec, meter, within=s.duration + 120)
+        calls = sum(st["calls"] for st in statements)
+        per_second = calls / window.seconds if window.seconds else 0.0
+        m = Measured(
+            f"{s.idle_pollers} idle long-pollers (database statements/s)",
+            "ours",
+            jobs=0,
+            seconds=window.seconds,
+            cpu=meter.percent(),
+            extra={
+                "statements_per_s": round(per_second, 2),
+                "statements_per_s_without_pollers": round(baseline, 2),
+                "statements_per_s_due_to_pollers": round(max(0.0, per_second - baseline), 2),
+                "statements": statements[:STATUS_ACTIVE_HEAD],
+                "client": result,
+            },
+        )
+        m.notes.append(
+            f"{per_second:.1f} statements/s with the pollers waiting, {baseline:.1f}/s without "
+            "(sweeper)"
+        )
+        return self.keep(m)
+
+    # -- NATS JetStream, and the bridge ----------------------------------------------------------
+
+    async def jetstream(self) -> Measured:
+        import nats
+
+        s, env = self.s, self.env
+        nc = await nats.connect(env.nats_url)
+        try:
+            js = nc.jetstream()
+            with contextlib.suppress(Exception):
+                await js.delete_stream("BENCH")
+            await js.add_stream(
+                name="BENCH", subjects=["bench.jobs"], retention="workqueue", storage="file"
+            )
+            await js.add_consumer(
+                "BENCH",
+                durable_name="bench",
+                ack_policy="explicit",
+                max_ack_pending=100_000,
+                ack_wait=60,
+            )
+            count = self.need("jetstream", s.warmup + s.duration + 3, 50_000)
+            body = db.payload().encode()
+            for i in range(count):
+                await nc.publish("bench.jobs", body)
+                if i % 5000 == 4999:
+                    await nc.flush()
+            await nc.flush()
+            deadline = time.monotonic() + 120
+            while (await js.stream_info("BENCH")).state.messages < count:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("JetStream did not store the backlog in time")
+                await asyncio.sleep(0.2)
+            spec = {
+                "mode": "jetstream",
+                "nats_url": env.nats_url,
+                "stream": "BENCH",
+                "durable": "bench",
+                "batch": s.batch,
+                "warmup": s.warmup,
+                "duration": s.duration,
+                "workers": s.pollers,
+            }
+            meter = env.meter()
+            meter.add("nats", env.nats.pid)
+            marks: list[int] = []
+
+            async def stream_messages() -> int:
+                return int((await js.stream_info("BENCH")).state.messages)
+
+            m = await self.measure_nats(
+                f"NATS JetStream: nats-py fetch({s.batch}) + ack(), {s.pollers} pullers",
+                spec,
+                meter,
+                stream_messages,
+                marks,
+            )
+            m.jobs = marks[0] - marks[1] if len(marks) == 2 else 0
+            m.extra["messages_left"] = marks[1] if len(marks) == 2 else None
+            if len(marks) == 2 and marks[1] == 0:
+                m.notes.append("backlog ran out during the run: a lower bound")
+        finally:
+            await nc.close()
+        if m.rate > 0:
+            self.rates["jetstream"] = m.rate
+        return self.keep(m)
+
+    async def measure_nats(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        meter: CpuMeter,
+        probe: Callable[[], Awaitable[int]],
+        marks: list[int],
+    ) -> Measured:
+        """Like measure_loadgen, with a server-side count (`probe`) at both window edges."""
+        result, window, _ = await self.env.run_loadgen(
+            spec,
+            meter,
+            within=spec["warmup"] + spec["duration"] + 180,
+            probe=probe,
+            marks=marks,
+        )
+        m = Measured(
+            name,
+            "baseline",
+            seconds=window.seconds,
+            latency_ms=result.get("latency_ms", {}),
+            cpu=meter.percent(),
+            extra={"client": {k: v for k, v in result.items() if k != "latency_ms"}},
+        )
+        if result.get("errors"):
+            m.notes.append(f"client errors: {result['errors'][:2]}")
+        return m
+
+    async def bridge(self) -> Measured:
+        s, env = self.s, self.env
+        assert env.broker is not None
+        name = f"NATS bridge: nats-py fetch({s.batch}) + ack(), {s.pollers} pullers"
+        available, reason = await asyncio.to_thread(
+            bridge_available, env.broker.config, env.workdir
+        )
+        if not available:
+            m = Measured(name, "ours", status="not available")
+            m.notes.append(f"`webhook-broker bridge`: {reason}")
+            return self.keep(m)
+        # A plain NATS server (no JetStream, so $JS.API is the bridge's to answer).
+        port = free_port()
+        server = Service(
+            "nats-bridge-server",
+            [env.nats.argv[0], "-a", "127.0.0.1", "-p", str(port)],
+            logdir=env.workdir,
+        )
+        env.extra_services.append(server)
+        await server.start()
+        await wait_port(port, server)
+        url = f"nats://127.0.0.1:{port}"
+        bridge = await env.broker.start_bridge(url)
+        try:
+            await asyncio.sleep(3.0)
+            if not bridge.alive():
+                m = Measured(name, "ours", status="failed")
+                m.notes.append(f"bridge exited: {bridge.log_tail(5)[-400:]}")
+                return self.keep(m)
+            consumer = "natsbr"
+            await env.backlog(consumer, self.need("bridge", s.warmup + s.duration + 3, 20_000))
+            await db.vacuum(env.conn, "job")
+            spec = {
+                "mode": "jetstream",
+                "nats_url": url,
+                "stream": "bench",
+                "durable": consumer,
+                "batch": s.batch,
+                "warmup": s.warmup,
+                "duration": s.duration,
+                "workers": s.pollers,
+            }
+            meter = env.meter()
+            meter.add("bridge", bridge.pid)
+            meter.add("nats", server.pid)
+            result, window, statements = await env.run_loadgen(
+                spec, meter, within=s.warmup + s.duration + 180
+            )
+            jobs = await db.count_jobs(env.conn, "delivered", [env.pks[consumer]], window)
+            m = Measured(
+                name,
+                "ours",
+                jobs=jobs,
+                seconds=window.seconds,
+                latency_ms=result.get("latency_ms", {}),
+                cpu=meter.percent(),
+                extra={
+                    "client": {k: v for k, v in result.items() if k != "latency_ms"},
+                    "statements": statements[:STATUS_ACTIVE_HEAD],
+                },
+            )
+            if result.get("errors"):
+                m.notes.append(f"client errors: {result['errors'][:2]}")
+            if jobs == 0:
+                m.status = "failed"
+                m.notes.append(f"no job delivered through the bridge: {bridge.log_tail(5)[-400:]}")
+            await self.exhausted(m, consumer)
+            return self.keep(m)
+        finally:
+            await bridge.stop()
+            await server.stop()
+
+    # -- pgqueuer -------------------------------------------------------------------------------
+
+    async def pgqueuer(self) -> list[Measured]:
+        s, env = self.s, self.env
+        try:
+            from pgqueuer import Queries
+            from pgqueuer.db import PsycopgDriver
+        except ImportError:
+            m = Measured("pgqueuer", "baseline", status="not available")
+            m.notes.append("pgqueuer is not installed (pip install -e '.[dev]')")
+            return [self.keep(m)]
+        queries = Queries(PsycopgDriver(env.conn))
+        if not await queries.schema_is_installed():
+            await queries.install()
+        dsn = env.database_url
+        out: list[Measured] = []
+        # Enqueue: one job per call, like one publish per HTTP request.
+        await db.vacuum(env.conn, "pgqueuer")
+        spec: dict[str, Any] = {
+            "mode": "pgqueuer_enqueue",
+            "dsn": dsn,
+            "workers": s.publishers,
+            "payload": db.payload(),
+            "warmup": s.warmup,
+            "duration": s.duration,
+        }
+        m = await self.measure_pgq(
+            f"pgqueuer enqueue (one job per call), {s.publishers} connections",
+            spec,
+            "SELECT count(*) FROM pgqueuer WHERE created >= %s AND created < %s",
+        )
+        out.append(m)
+        await env.conn.execute("DELETE FROM pgqueuer")
+        # Dequeue: QueueManagers draining a backlog with a no-op entrypoint.
+        count = self.need("pgqueuer", s.warmup + s.duration + 3, 30_000)
+        body = db.payload().encode()
+        for start in range(0, count, 5000):
+            n = min(5000, count - start)
+            await queries.enqueue(["bench"] * n, [body] * n, [0] * n)
+        await db.vacuum(env.conn, "pgqueuer")
+        await db.vacuum(env.conn, "pgqueuer_log")
+        spec = {
+            "mode": "pgqueuer_dequeue",
+            "dsn": dsn,
+            "workers": s.pollers,
+            "batch": s.batch,
+            "warmup": s.warmup,
+            "duration": s.duration,
+        }
+        m = await self.measure_pgq(
+            f"pgqueuer dequeue (QueueManager, batch {s.batch}), {s.pollers} workers",
+            spec,
+            "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' "
+            "AND created >= %s AND created < %s",
+        )
+        left = int(await db.scalar(env.conn, "SELECT count(*) FROM pgqueuer"))
+        m.extra["queued_left"] = left
+        if left == 0:
+            m.notes.append("backlog ran out during the run: a lower bound")
+        if m.rate > 0:
+            self.rates["pgqueuer"] = m.rate
+        out.append(m)
+        return out
+
+    async def measure_pgq(self, name: str, spec: dict[str, Any], count_sql: str) -> Measured:
+        env = self.env
+        meter = env.meter()
+        result, window, statements = await env.run_loadgen(
+            spec, meter, within=spec["warmup"] + spec["duration"] + 180
+        )
+        jobs = int(await db.scalar(env.conn, count_sql, (window.start, window.end)))
+        m = Measured(
+            name,
+            "baseline",
+            jobs=jobs,
+            seconds=window.seconds,
+            latency_ms=result.get("latency_ms", {}),
+            cpu=meter.percent(),
+            extra={
+                "client": {k: v for k, v in result.items() if k != "latency_ms"},
+                "statements": statements[:STATUS_ACTIVE_HEAD],
+            },
+        )
+        if result.get("errors"):
+            m.notes.append(f"client errors: {result['errors'][:2]}")
+        return self.keep(m)
+
+    # -- claim latency vs backlog -------------------------------------------------------------
+
+    async def backlog_latency(self) -> list[Measured]:
+        s, env = self.s, self.env
+        per_run = s.latency_pulls * s.pollers * s.batch
+        warm_pulls = 3
+        consumed = per_run + warm_pulls * s.pollers * s.batch
+        out = []
+        for consumer, size in (("small", s.small_backlog), ("large", s.large_backlog)):
+            have = await db.queued(env.conn, env.pks[consumer])
+            if have < size + consumed:
+                started = time.monotonic()
+                self.say(f"  loading {size + consumed - have:,} jobs for '{consumer}'")
+                await db.insert_jobs(
+                    env.conn,
+                    channel="bench",
+                    producer="bp",
+                    consumer_pks=[env.pks[consumer]],
+                    count=size + consumed - have,
+                )
+                self.say(f"  loaded in {time.monotonic() - started:.1f}s")
+            await db.vacuum(env.conn, "job")
+            await db.vacuum(env.conn, "message")
+            spec = {
+                "mode": "pull",
+                "ports": env.api_ports,
+                "warmup": 0.0,
+                "duration": 600.0,
+                "workers": s.pollers,
+                "batch": s.batch,
+                "ack": "batch",
+                "pulls": s.latency_pulls,
+                "warmup_pulls": warm_pulls,
+                **env.consumer_spec(consumer),
+            }
+            m = await self.measure_loadgen(
+                f"claim latency, {size:,} queued: pull({s.batch}) + batch ack, {s.pollers} pollers",
+                spec,
+                "delivered",
+                [consumer],
+            )
+            m.extra["backlog"] = size
+            self.plans[f"claim, {consumer} backlog"] = await self.explain_claim(consumer)
+            self.plans[f"queue stats per pull, {consumer} backlog"] = await self.explain_stats(
+                consumer
+            )
+            out.append(self.keep(m))
+        return out
+
+    async def explain_claim(self, consumer: str) -> list[str]:
+        sql = (
+            "UPDATE job SET status='INFLIGHT', attempt=job.attempt + 1, incremental_timeout=0, "
+            "lease_expires_at=now() + CAST(32 AS FLOAT) * interval '1 second', "
+            "claimed_at=now(), status_changed_at=now() WHERE job.id IN (SELECT job.id FROM job "
+            "WHERE job.consumer_pk = %s AND job.status = 'QUEUED' "
+            "AND job.earliest_next_attempt_at <= now() ORDER BY job.priority DESC, job.id "
+            "LIMIT %s FOR UPDATE SKIP LOCKED) AND job.status = 'QUEUED' RETURNING job.*"
+        )
+        return await db.explain(self.env.conn, sql, (self.env.pks[consumer], self.s.batch))
+
+    async def explain_stats(self, consumer: str) -> list[str]:
+        sql = (
+            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND earliest_next_attempt_at <= "
+            "now()), coalesce(sum(payload_size) FILTER (WHERE status = 'QUEUED' AND "
+            "earliest_next_attempt_at <= now()), 0), min(earliest_next_attempt_at) FILTER "
+            "(WHERE status = 'QUEUED'), count(*) FILTER (WHERE status = 'INFLIGHT') FROM job "
+            "WHERE consumer_pk = %s AND status IN ('QUEUED', 'INFLIGHT')"
+        )
+        return await db.explain(self.env.conn, sql, (self.env.pks[consumer],))
+
+    async def explain_acks(self) -> None:
+        """The batch ack as the broker renders it ((id, attempt) IN (...)) and as = ANY."""
+        env = self.env
+        pk = env.pks["large"]
+        inflight = int(
+            await db.scalar(
+                env.conn,
+                "SELECT count(*) FROM job WHERE consumer_pk = %s AND status = 'INFLIGHT'",
+                (pk,),
+            )
+        )
+        async with env.conn.transaction(force_rollback=True):
+            # Leave many jobs in flight, as slow consumers or a long lease would.
+            await env.conn.execute(
+                "UPDATE job SET status = 'INFLIGHT', attempt = attempt + 1 WHERE id IN "
+                "(SELECT id FROM job WHERE consumer_pk = %s AND status = 'QUEUED' "
+                "ORDER BY priority DESC, id LIMIT 20000)",
+                (pk,),
+            )
+            rows = await (
+                await env.conn.execute(
+                    "SELECT id, attempt FROM job WHERE consumer_pk = %s AND status = 'INFLIGHT' "
+                    "ORDER BY id DESC LIMIT %s",
+                    (pk, self.s.batch),
+                )
+            ).fetchall()
+            pairs = ", ".join(f"({i}, {a})" for i, a in rows)
+            base = (
+                "UPDATE job SET status = 'DELIVERED', lease_expires_at = NULL, "
+                "status_changed_at = now() WHERE job.consumer_pk = %s "
+                "AND job.status = 'INFLIGHT' AND "
+            )
+            async with env.conn.transaction(force_rollback=True):
+                cursor = await env.conn.execute(
+                    f"EXPLAIN (ANALYZE, BUFFERS) {base}(job.id, job.attempt) IN ({pairs})", (pk,)
+                )
+                self.plans["batch ack as rendered: (id, attempt) IN (...)"] = [
+                    str(r[0])[:300] for r in await cursor.fetchall()
+                ]
+            ids = [i for i, _ in rows]
+            attempts = [a for _, a in rows]
+            async with env.conn.transaction(force_rollback=True):
+                cursor = await env.conn.execute(
+                    f"EXPLAIN (ANALYZE, BUFFERS) {base}job.id = ANY(%s) AND "
+                    "(job.id, job.attempt) IN (SELECT * FROM unnest(%s::bigint[], %s::int[]))",
+                    (pk, ids, ids, attempts),
+                )
+                self.plans["batch ack proposed: id = ANY(...) + unnest pairs"] = [
+                    str(r[0])[:300] for r in await cursor.fetchall()
+                ]
+        self.plans["(context)"] = [f"{inflight + 20000} jobs INFLIGHT for the consumer"]
+
+    # -- soak -----------------------------------------------------------------------------------
+
+    async def soak(self) -> Measured:
+        s, env = self.s, self.env
+        consumer = "soak"
+        seconds = s.soak
+        need = self.need("pull-batch", seconds + 10, 50_000)
+        self.say(f"  soak: loading {need:,} jobs")
+        await env.backlog(consumer, need)
+        await db.vacuum(env.conn, "job")
+        spec = {
+            "mode": "pull",
+            "ports": env.api_ports,
+            "warmup": 0.0,
+            "duration": seconds,
+            "workers": s.pollers,
+            "batch": s.batch,
+            "ack": "batch",
+            **env.consumer_spec(consumer),
+        }
+        launched = await db.clock(env.conn)
+        m = await self.measure_loadgen(
+            f"soak {seconds:.0f}s: HTTP pull({s.batch}) + batch ack", spec, "delivered", [consumer]
+        )
+        rows = await (
+            await env.conn.execute(
+                "SELECT floor(extract(epoch FROM status_changed_at - %s) / 60), count(*) "
+                "FROM job WHERE consumer_pk = %s AND status = 'DELIVERED' "
+                "AND status_changed_at >= %s GROUP BY 1 ORDER BY 1",
+                (launched, env.pks[consumer], launched),
+            )
+        ).fetchall()
+        per_minute = [int(c) for _, c in rows]
+        m.extra["delivered_per_minute"] = per_minute
+        if len(per_minute) >= 3:
+            first, last = per_minute[0], per_minute[-2]  # the last full minute
+            m.extra["loss_first_to_last_minute"] = round(1 - last / first, 4) if first else None
+        await self.exhausted(m, consumer)
+        return self.keep(m)
+
+
+def median_ratio(pairs: list[dict[str, float]]) -> float | None:
+    ratios = [p["ratio"] for p in pairs if p.get("ceiling")]
+    return statistics.median(ratios) if ratios else None
