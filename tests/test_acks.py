@@ -431,3 +431,37 @@ async def test_racing_acks_on_one_job_exactly_one_wins(
         assert sorted(codes) == [202, 409, 409], codes
         winner = kinds[codes.index(202)]
         assert (await job_row(runtime, job["ID"])).status == expected[winner]
+
+
+# -- values out of range: 400 or 404, never a 500 ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b'{"type": "nak", "delay": NaN}', "delay"),
+        (b'{"type": "nak", "delay": Infinity}', "delay"),
+        (b'{"type": "nak", "delay": 1e300}', "delay"),
+        (b'{"type": "nak", "delay": 3000000000}', "delay"),
+        (b'{"type": "ack", "attempt": 100000000000000000000}', "attempt"),
+        (b'{"type": "ack", "attempt": 2147483648}', "attempt"),
+    ],
+)
+async def test_out_of_range_ack_fields_are_400(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime, raw: bytes, reason: str
+) -> None:
+    job = await one_pulled(client, k1)
+    r = await client.post(f"{k1.job(job['ID'])}/ack", content=raw, headers=k1.auth)
+    assert r.status_code == 400, r.text
+    assert reason in r.json()["detail"]
+    assert (await job_row(runtime, job["ID"])).status == "INFLIGHT"
+
+
+async def test_out_of_range_job_ids_in_acks(client: httpx.AsyncClient, k1: PullConsumer) -> None:
+    await one_pulled(client, k1)
+    assert (await ack(client, k1, str(2**63))).status_code == 404
+    assert (await ack(client, k1, str(2**64 + 5))).status_code == 404
+    r = await ack_batch(client, k1, [{"id": 2**63, "type": "ack"}])
+    assert r.status_code == 400
+    r = await ack_batch(client, k1, [{"id": 2**63 - 1, "type": "ack"}])
+    assert [x["status"] for x in r.json()["Results"]] == [404]

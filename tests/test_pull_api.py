@@ -197,6 +197,9 @@ async def test_max_bytes_stops_at_the_first_job_that_does_not_fit(
         ({"no_wait": "yes"}, "no_wait"),
         ({"incremental_timeout": -1}, "incremental_timeout"),
         ({"incremental_timeout": 2.5}, "incremental_timeout"),
+        ({"incremental_timeout": 2**31}, "incremental_timeout"),
+        ({"incremental_timeout": 10**30}, "incremental_timeout"),
+        ({"max_bytes": 1.5}, "max_bytes"),
         ({"bogus": 1}, "bogus"),
     ],
 )
@@ -210,7 +213,10 @@ async def test_bad_pull_is_400(
     assert len(await pull_jobs(client, k1)) == 1  # nothing was claimed
 
 
-@pytest.mark.parametrize("raw", [b"{", b"[]", b"null", b'"x"'])
+@pytest.mark.parametrize(
+    "raw",
+    [b"{", b"[]", b"null", b'"x"', b'{"expires": NaN}', b'{"batch": 1' + b"0" * 5000 + b"}"],
+)
 async def test_pull_body_must_be_a_json_object(
     client: httpx.AsyncClient, k1: PullConsumer, raw: bytes
 ) -> None:

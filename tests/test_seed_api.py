@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime
 from typing import Any
 
@@ -527,3 +528,74 @@ async def test_delete_dead_job(client: httpx.AsyncClient, k1: PullConsumer) -> N
     assert (await client.get(k1.job(job_id), headers=k1.auth)).status_code == 404
     assert (await client.delete(k1.job(job_id), headers=k1.auth)).status_code == 404
     assert await job_status(client, k1, other) == DL
+
+
+# -- values out of range: 400 or 404, never a 500 ----------------------------------------------
+
+
+def forged(raw: str) -> str:
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "cursor", ["abc", "1", "x:1", "1:x", f"{2**31}:1", f"1:{2**63}", f"-{2**80}:1", ":"]
+)
+async def test_forged_queued_jobs_cursor_is_400(
+    client: httpx.AsyncClient, k1: PullConsumer, cursor: str
+) -> None:
+    await new_job(client, k1)
+    r = await client.get(f"{k1.base}/queued-jobs?next={forged(cursor)}", headers=k1.auth)
+    assert r.status_code == 400, r.text
+    assert "cursor" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("cursor", ["abc", "", "1:2", str(2**63), str(-(2**70))])
+async def test_forged_dlq_cursor_is_400(
+    client: httpx.AsyncClient, k1: PullConsumer, cursor: str
+) -> None:
+    await new_job(client, k1, DD)
+    r = await client.get(f"{k1.base}/dlq?next={forged(cursor) or 'AA'}", headers=k1.auth)
+    assert r.status_code == 400, r.text
+
+
+async def test_huge_job_id_is_404(client: httpx.AsyncClient, k1: PullConsumer) -> None:
+    await new_job(client, k1)
+    huge = str(2**63)
+    assert (await set_state(client, k1, huge, {"NextState": IN})).status_code == 404
+    assert (await client.get(k1.job(huge), headers=k1.auth)).status_code == 404
+    assert (await client.delete(k1.job(huge), headers=k1.auth)).status_code == 404
+    r = await client.post(f"{k1.job(huge)}/requeue-dead-job", headers=k1.auth)
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize("value", [2**31, 10**20, 1e300])
+async def test_incremental_timeout_beyond_range_is_400(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime, value: float
+) -> None:
+    job_id = await new_job(client, k1)
+    r = await set_state(client, k1, job_id, {"NextState": IN, "IncrementalTimeout": value})
+    assert r.status_code == 400, r.text
+    assert "IncrementalTimeout" in r.json()["detail"]
+    assert (await job_row(runtime, job_id)).status == Q
+
+
+async def test_largest_incremental_timeout_is_accepted(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
+) -> None:
+    job_id = await new_job(client, k1)
+    r = await set_state(client, k1, job_id, {"NextState": IN, "IncrementalTimeout": 2**31 - 1})
+    assert r.status_code == 202, r.text
+    assert (await job_row(runtime, job_id)).incremental_timeout == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"NextState": "INFLIGHT", "IncrementalTimeout": 1' + b"0" * 5000 + b"}", b"[" * 100000],
+)
+async def test_pathological_json_is_400(
+    client: httpx.AsyncClient, k1: PullConsumer, body: bytes
+) -> None:
+    job_id = await new_job(client, k1)
+    r = await client.post(k1.job(job_id), content=body, headers=k1.auth)
+    assert r.status_code == 400
+    assert "malformed JSON" in r.json()["detail"]

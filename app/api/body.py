@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -11,6 +12,11 @@ from fastapi import Request
 from app.domain.errors import InvalidInput
 
 T = TypeVar("T")
+
+# Column ranges: job ids are BIGINT; attempts and timeouts are INTEGER. A delay or timeout
+# beyond MAX_INT32 seconds (68 years) would also push a lease past what timestamps hold.
+MAX_ID = 2**63 - 1
+MAX_INT32 = 2**31 - 1
 
 
 async def json_object(request: Request, *, empty_ok: bool = False) -> dict[str, Any]:
@@ -21,15 +27,16 @@ async def json_object(request: Request, *, empty_ok: bool = False) -> dict[str, 
         raise InvalidInput("the request body must be a JSON object")
     try:
         value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError, bad UTF-8 and integers too long to convert.
         raise InvalidInput(f"malformed JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidInput("the request body must be a JSON object")
     return value
 
 
-def whole_number(value: object, name: str, *, minimum: int = 0) -> int:
-    """An integer (10 or 10.0) not below `minimum`; booleans, fractions and strings are refused."""
+def whole_number(value: object, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer (10 or 10.0) within bounds; booleans, fractions and strings are refused."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{name} must be an integer")
     if isinstance(value, float):
@@ -38,14 +45,21 @@ def whole_number(value: object, name: str, *, minimum: int = 0) -> int:
         value = int(value)
     if value < minimum:
         raise InvalidInput(f"{name} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise InvalidInput(f"{name} must be at most {maximum}")
     return value
 
 
-def seconds(value: object, name: str) -> float:
+def seconds(value: object, name: str, *, maximum: float = MAX_INT32) -> float:
+    """A finite, non-negative number of seconds, at most `maximum`."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{name} must be a number of seconds")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidInput(f"{name} must be a finite number of seconds")
     if value < 0:
         raise InvalidInput(f"{name} must not be negative")
+    if value > maximum:
+        raise InvalidInput(f"{name} must be at most {maximum} seconds")
     return float(value)
 
 

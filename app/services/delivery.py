@@ -24,6 +24,8 @@ from app.store.signals import Signals
 # A waiter whose next job falls due later re-checks no sooner than this, so clock skew between
 # the database and this process can never turn waiting into a busy loop.
 MIN_RECHECK_SECONDS = 0.05
+# Job ids are BIGINT: anything larger names no job.
+MAX_JOB_ID = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,7 @@ def parse_job_id(raw: str) -> int:
         value = int(raw)
     except ValueError:
         raise NotFound(f"job {raw!r} not found") from None
-    if value < 1:
+    if not 1 <= value <= MAX_JOB_ID:
         raise NotFound(f"job {raw!r} not found")
     return value
 
@@ -371,7 +373,8 @@ class DeliveryService:
                 outcomes[jid] = AckOutcome(
                     jid,
                     409,
-                    f"attempt {wanted[jid].attempt} is stale; the job is on attempt {found.attempt}",
+                    f"attempt {wanted[jid].attempt} is stale; "
+                    f"the job is on attempt {found.attempt}",
                 )
 
     def _announce_capacity(self, tx: Tx, consumer: Consumer) -> None:

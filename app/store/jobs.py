@@ -237,7 +237,7 @@ class JobStore:
     async def dead(self, consumer_pk: int, cursor: Cursor, limit: int) -> Page[Job]:
         query = select(job).where(job.c.consumer_pk == consumer_pk, job.c.status == DEAD)
         if cursor.next is not None:
-            query = query.where(job.c.id > int(decode_cursor(cursor.next) or 0))
+            query = query.where(job.c.id > _cursor_int(decode_cursor(cursor.next)))
         rows = (await self._tx.conn.execute(query.order_by(job.c.id).limit(limit + 1))).all()
         jobs = [job_from_row(row) for row in rows[:limit]]
         next_cursor = encode_cursor(jobs[-1].id) if len(rows) > limit and jobs else None
@@ -412,8 +412,18 @@ def _within_bytes(rows: Sequence[Row[Any, Any]], max_bytes: int) -> list[int]:
 
 
 def _split_key(raw: str) -> tuple[int, int]:
+    priority, sep, last_id = raw.partition(":")
+    if not sep:
+        raise InvalidInput("malformed pagination cursor")
+    return _cursor_int(priority, bits=32), _cursor_int(last_id)
+
+
+def _cursor_int(raw: str, bits: int = 64) -> int:
+    """An integer from a cursor that fits its column (cursors come from clients, maybe forged)."""
     try:
-        priority, last_id = raw.split(":", 1)
-        return int(priority), int(last_id)
+        value = int(raw)
     except ValueError:
         raise InvalidInput("malformed pagination cursor") from None
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise InvalidInput("malformed pagination cursor")
+    return value

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api import views
-from app.api.body import body_after_credentials, json_object, whole_number
+from app.api.body import MAX_INT32, body_after_credentials, json_object, whole_number
 from app.api.deps import CredentialsDep, CursorDep, RuntimeDep
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, parse_next_state
@@ -55,7 +55,9 @@ async def set_job_state(
         body = await json_object(request)
         target = parse_next_state(body.get("NextState"))
         raw = body.get("IncrementalTimeout")
-        return target, None if raw is None else whole_number(raw, "IncrementalTimeout")
+        if raw is None:
+            return target, None
+        return target, whole_number(raw, "IncrementalTimeout", maximum=MAX_INT32)
 
     target, timeout = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
     await rt.delivery.set_state(creds, job_id, target, timeout)

@@ -9,6 +9,8 @@ from fastapi.responses import JSONResponse
 
 from app.api import views
 from app.api.body import (
+    MAX_ID,
+    MAX_INT32,
     body_after_credentials,
     json_object,
     optional_str,
@@ -39,7 +41,9 @@ def parse_pull(body: dict[str, Any]) -> PullRequest:
         max_bytes=None if max_bytes is None else whole_number(max_bytes, "max_bytes", minimum=1),
         expires=seconds(body.get("expires", 30.0), "expires"),
         no_wait=no_wait,
-        incremental_timeout=whole_number(body.get("incremental_timeout", 0), "incremental_timeout"),
+        incremental_timeout=whole_number(
+            body.get("incremental_timeout", 0), "incremental_timeout", maximum=MAX_INT32
+        ),
     )
 
 
@@ -53,7 +57,7 @@ def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
     except ValueError:
         raise InvalidInput(f"type must be ack, nak, term or progress, not {raw_type!r}") from None
     if job_id is None:
-        job_id = whole_number(body.get("id"), "id", minimum=1)
+        job_id = whole_number(body.get("id"), "id", minimum=1, maximum=MAX_ID)
     attempt = body.get("attempt")
     delay = body.get("delay")
     if delay is not None and kind is not AckType.NAK:
@@ -61,7 +65,9 @@ def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
     return AckItem(
         id=job_id,
         type=kind,
-        attempt=None if attempt is None else whole_number(attempt, "attempt", minimum=1),
+        attempt=None
+        if attempt is None
+        else whole_number(attempt, "attempt", minimum=1, maximum=MAX_INT32),
         delay=None if delay is None else seconds(delay, "delay"),
         reason=optional_str(body.get("reason"), "reason"),
     )
