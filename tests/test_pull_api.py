@@ -10,11 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from app.api.app import create_app
 from app.config import Config
 from app.runtime import Runtime
+from app.store.jobs import JobStore
 from tests.helpers_pull import (
     PullConsumer,
     consumer_pk,
@@ -501,3 +502,81 @@ async def test_max_ack_pending_holds_under_concurrent_pulls(
         await publish(client, f"m{n}")
     results = await asyncio.gather(*(pull_jobs(client, k1, batch=2) for _ in range(12)))
     assert sum(len(r) for r in results) == 3
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_listener_reconnects_and_wakes_waiters_after_losing_its_connection(
+    client: httpx.AsyncClient,
+    k1: PullConsumer,
+    runtime: Runtime,
+    second_runtime: tuple[Runtime, httpx.AsyncClient],
+) -> None:
+    other, other_client = second_runtime
+    assert other.listener is not None
+    pk = await consumer_pk(other, "k1")
+    waiting = asyncio.create_task(pull(other_client, k1, batch=5, expires=30))
+    await until_waiting(other, pk)
+    # Kill every LISTENing backend: both runtimes' listeners lose their connections.
+    async with runtime.db.transaction() as tx:
+        killed = (
+            await tx.conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid()"
+                )
+            )
+        ).scalar_one()
+    assert killed == 2
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while other.listener.ready.is_set():  # it notices the loss ...
+        assert loop.time() < deadline
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(other.listener.ready.wait(), timeout=10)  # ... and comes back
+    await until_waiting(other, pk)
+    assert not waiting.done()  # woken by the reconnect, found nothing, waits again
+    await publish(client, "after the reconnect", message_id="again")
+    published = time.monotonic()
+    r = await asyncio.wait_for(waiting, timeout=20)
+    assert time.monotonic() - published < 3
+    assert [j["Message"]["MessageID"] for j in r.json()["Jobs"]] == ["again"]
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_capped_claim_in_progress_does_not_block_publishers(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    """The max-ack-pending lock on the consumer row must not stall broadcasts to its channel."""
+    await setup_channel(client, "k1", maxAckPending="5")
+    await publish(client, "first")
+    pk = await consumer_pk(runtime, "k1")
+    async with runtime.db.transaction() as tx:
+        claimed = await JobStore(tx).claim(pk, limit=1, ack_wait=30, max_ack_pending=5)
+        assert len(claimed) == 1
+        # The claim's transaction is still open, holding its lock on the consumer row.
+        await asyncio.wait_for(publish(client, "second"), timeout=5)
+
+
+async def test_requeued_dead_jobs_wake_a_waiting_pull(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
+) -> None:
+    await publish(client, "a")
+    await publish(client, "b")
+    for job in await pull_jobs(client, k1, batch=2):
+        r = await client.post(f"{k1.job(job['ID'])}/ack", json={"type": "term"}, headers=k1.auth)
+        assert r.status_code == 202
+    dead = [
+        j["ID"] for j in (await client.get(f"{k1.base}/dlq", headers=k1.auth)).json()["DeadJobs"]
+    ]
+    pk = await consumer_pk(runtime, "k1")
+    waiting = asyncio.create_task(pull(client, k1, batch=5, expires=30))
+    await until_waiting(runtime, pk)
+    r = await client.post(f"{k1.job(dead[0])}/requeue-dead-job", headers=k1.auth)
+    assert r.status_code == 202
+    r = await asyncio.wait_for(waiting, timeout=5)
+    assert [str(j["ID"]) for j in r.json()["Jobs"]] == [dead[0]]
+    waiting = asyncio.create_task(pull(client, k1, batch=5, expires=30))
+    await until_waiting(runtime, pk)
+    assert (await client.post(f"{k1.base}/dlq", headers=k1.auth)).status_code == 202
+    r = await asyncio.wait_for(waiting, timeout=5)
+    assert [str(j["ID"]) for j in r.json()["Jobs"]] == [dead[1]]

@@ -147,9 +147,15 @@ class JobStore:
         return [ClaimedJob(j, messages[j.message_pk]) for j in jobs]
 
     async def _inflight_locked(self, consumer_pk: int) -> int:
-        """In-flight count under the consumer row's lock, so max-ack-pending holds under races."""
+        """In-flight count under the consumer row's lock, so max-ack-pending holds under races.
+
+        FOR NO KEY UPDATE (key_share): claims of one consumer queue up behind each other, but
+        publishers, whose job inserts take FOR KEY SHARE on the consumer row, do not wait.
+        """
         await self._tx.conn.execute(
-            select(consumer.c.pk).where(consumer.c.pk == consumer_pk).with_for_update()
+            select(consumer.c.pk)
+            .where(consumer.c.pk == consumer_pk)
+            .with_for_update(key_share=True)
         )
         count = select(func.count()).where(
             job.c.consumer_pk == consumer_pk, job.c.status == INFLIGHT
