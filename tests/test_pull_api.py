@@ -231,9 +231,21 @@ async def test_limits_come_from_the_pull_section(
 ) -> None:
     for n in range(5):
         await publish(client, f"m{n}")
-    assert (await pull(client, k1, batch=4, no_wait=True)).status_code == 400
-    assert (await pull(client, k1, expires=3)).status_code == 400
+    r = await pull(client, k1, batch=4, no_wait=True)
+    assert r.status_code == 400
+    assert "batch must be between 1 and 3" in r.json()["detail"]
+    r = await pull(client, k1, expires=3)
+    assert r.status_code == 400
+    assert "expires must be between 0 and 2" in r.json()["detail"]
     assert len(await pull_jobs(client, k1, batch=3, expires=2)) == 3
+    # Without "expires" the default 30 s wait is cut to the 2 s limit, not refused.
+    r = await client.post(f"{k1.base}/pull", json={"batch": 3}, headers=k1.auth)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["Jobs"]) == 2
+    started = time.monotonic()
+    r = await client.post(f"{k1.base}/pull", json={"batch": 3}, headers=k1.auth)
+    assert r.json()["Jobs"] == []
+    assert 1.5 <= time.monotonic() - started < 8
 
 
 # -- long polling --------------------------------------------------------------------------------

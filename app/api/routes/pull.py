@@ -28,7 +28,11 @@ PULL_FIELDS = {"batch", "max_bytes", "expires", "no_wait", "incremental_timeout"
 ACK_FIELDS = {"id", "type", "attempt", "delay", "reason"}
 
 
-def parse_pull(body: dict[str, Any]) -> PullRequest:
+DEFAULT_EXPIRES = 30.0
+
+
+def parse_pull(body: dict[str, Any], max_expires: float = DEFAULT_EXPIRES) -> PullRequest:
+    """The pull body; without "expires", wait 30 s or max-expires-seconds if that is lower."""
     unknown = set(body) - PULL_FIELDS
     if unknown:
         raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
@@ -39,7 +43,7 @@ def parse_pull(body: dict[str, Any]) -> PullRequest:
     return PullRequest(
         batch=whole_number(body.get("batch", 1), "batch", minimum=1),
         max_bytes=None if max_bytes is None else whole_number(max_bytes, "max_bytes", minimum=1),
-        expires=seconds(body.get("expires", 30.0), "expires"),
+        expires=seconds(body.get("expires", min(DEFAULT_EXPIRES, max_expires)), "expires"),
         no_wait=no_wait,
         incremental_timeout=whole_number(
             body.get("incremental_timeout", 0), "incremental_timeout", maximum=MAX_INT32
@@ -77,7 +81,8 @@ def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
 async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
 
     async def parse() -> PullRequest:
-        return parse_pull(await json_object(request, empty_ok=True))
+        body = await json_object(request, empty_ok=True)
+        return parse_pull(body, rt.config.pull.max_expires_seconds)
 
     pull_request = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
     result = await rt.delivery.pull(creds, pull_request)
