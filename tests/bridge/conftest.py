@@ -180,12 +180,17 @@ async def make_bridge(
     connection, sweeper), so HTTP publishes reach them only through PostgreSQL NOTIFY."""
     started: list[tuple[Bridge, Runtime]] = []
 
-    async def make(mode: str = "client", *, sweeper: bool = True, **overrides: str) -> Bridge:
+    async def make(
+        mode: str = "client",
+        *,
+        sweeper: bool = True,
+        server: NatsServer | None = None,
+        **overrides: str,
+    ) -> Bridge:
         bridge_runtime = Runtime(config, run_sweeper=sweeper)
         await bridge_runtime.start(seed=False)
-        bridge = Bridge(
-            bridge_runtime, nats_config(hub, mode, **overrides), name=f"b{len(started)}"
-        )
+        settings = nats_config(server or hub, mode, **overrides)
+        bridge = Bridge(bridge_runtime, settings, name=f"b{len(started)}")
         await bridge.start()
         started.append((bridge, bridge_runtime))
         return bridge

@@ -114,6 +114,9 @@ async def scenario(url: str, publish: Publish) -> Run:
         r["bound_info"] = (info.name, info.stream_name, info.config.durable_name)
 
         await publish(["m1", "m2", "m3", "m4"])
+        # (JetStream's consumer notices new messages asynchronously; a no_wait pull in the same
+        # instant as the publish may see fewer. Both sides get the same pause.)
+        await asyncio.sleep(0.1)
         [m1] = await psub.fetch(1, timeout=2)
         r["fetch1"] = describe(m1, run)
         await m1.ack()
@@ -151,6 +154,7 @@ async def scenario(url: str, publish: Publish) -> Run:
 
         # in_progress keeps m6 past its ack wait; m7, left alone, lapses and comes back.
         await publish(["m6", "m7"])
+        await asyncio.sleep(0.1)
         held, lapsing = await psub.fetch(2, timeout=2)
         r["held"] = [describe(held, run), describe(lapsing, run)]
         for _ in range(2):
@@ -165,6 +169,7 @@ async def scenario(url: str, publish: Publish) -> Run:
 
         # term: never redelivered.
         await publish(["m8"])
+        await asyncio.sleep(0.1)
         [doomed] = await psub.fetch(1, timeout=2)
         r["doomed"] = describe(doomed, run)
         await doomed.term()
