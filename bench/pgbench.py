@@ -50,10 +50,11 @@ PUBLISH = [
     "convert_to(:payload, 'UTF8'), :ctype::VARCHAR, :zero::INTEGER, :headers::JSON, now()) "
     "RETURNING message.pk AS mpk, message.channel_id, message.message_id, message.producer_id, "
     "message.payload, message.content_type, message.priority, message.headers, "
-    "message.received_at \\gset",
+    # A prefix, so the returned columns (payload, ...) do not overwrite the -D variables.
+    "message.received_at \\gset r_",
     "INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size, "
     "earliest_next_attempt_at, status_changed_at, created_at) "
-    "SELECT :mpk::BIGINT, consumer.pk, :st_q::VARCHAR, :zero::INTEGER, :psize::INTEGER, now(), "
+    "SELECT :r_mpk::BIGINT, consumer.pk, :st_q::VARCHAR, :zero::INTEGER, :psize::INTEGER, now(), "
     "now(), now() FROM consumer WHERE consumer.channel_id = :pub_channel::VARCHAR "
     "RETURNING job.consumer_pk;",
     "SELECT pg_notify(:notify_channel, :notify_payload);",

@@ -418,8 +418,14 @@ class Runner:
             meter.start()
             start = await db.clock(env.conn)
             await db.statements_reset(env.conn)
+            profiling = None
+            if s.profile:
+                out = env.workdir / "pyspy-dispatcher.txt"
+                profiling = asyncio.create_task(profile.record(dispatcher.pid, s.duration, out))
             await asyncio.sleep(s.duration)
             meter.stop()
+            if profiling is not None:
+                self.profiles["push dispatcher"] = await profiling
             end = await db.clock(env.conn)
             statements = await db.statements(env.conn, DBNAME)
         finally:
