@@ -391,12 +391,23 @@ def _log_level(raw: str) -> str:
 
 
 def _check_known_keys(parser: configparser.ConfigParser) -> None:
+    seeded_consumers = (
+        set(parser["initial-consumers"]) if parser.has_section("initial-consumers") else set()
+    )
     for section in parser.sections():
         if section in DEFAULTS:
             unknown = set(parser[section]) - set(DEFAULTS[section])
             if unknown:
                 key = sorted(unknown)[0]
                 raise ConfigError(f"[{section}] {key}: unknown key")
+        elif not (
+            section in SEED_SECTIONS or section in IGNORED_SECTIONS or section in seeded_consumers
+        ):
+            # A misspelt section ([brokr]) would otherwise be ignored without a word.
+            raise ConfigError(
+                f"[{section}]: unknown section (not a known section, nor a consumer named in "
+                "[initial-consumers])"
+            )
 
 
 def _build(parser: configparser.ConfigParser) -> Config:

@@ -25,3 +25,14 @@ def test_template_loads_as_a_config() -> None:
     config = load_config_text(TEMPLATE.read_text(encoding="utf-8"))
     assert config.database.dialect == "sqlite"
     assert config.seed.channels == ()
+
+
+def test_a_misspelt_section_fails_with_its_name() -> None:
+    import pytest
+
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\[brokr\]: unknown section"):
+        load_config_text("[brokr]\nmax-retry=3\n")
+    # Sections of the Go original that we accept but do not use stay harmless.
+    load_config_text("[scheduler]\nscheduler-interval-ms=5000\n")

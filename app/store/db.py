@@ -73,7 +73,9 @@ def create_engine(config: DatabaseConfig) -> AsyncEngine:
     if config.dialect == "sqlite":
         # One connection serialises SQLite access in this process; BEGIN IMMEDIATE takes the
         # write lock up front so other processes wait (busy_timeout) instead of failing on upgrade.
-        engine = create_async_engine(config.sqlalchemy_url, pool_size=1, max_overflow=0)
+        engine = create_async_engine(
+            config.sqlalchemy_url, pool_size=1, max_overflow=0, hide_parameters=True
+        )
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
         event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
         return engine
@@ -83,6 +85,8 @@ def create_engine(config: DatabaseConfig) -> AsyncEngine:
         max_overflow=config.max_overflow,
         pool_recycle=config.pool_recycle_seconds or -1,
         pool_pre_ping=True,
+        # Statement parameters hold tokens; tracebacks of database errors must not show them.
+        hide_parameters=True,
     )
 
 

@@ -13,6 +13,8 @@ from app.store.signals import Signals
 
 log = logging.getLogger(__name__)
 
+STOP_CHECK_SECONDS = 0.5
+
 
 def libpq_url(connection_url: str) -> str:
     return "postgresql://" + connection_url.split("://", 1)[1]
@@ -46,20 +48,10 @@ class NotifyListener:
             self.ready.set()
             # Wake everyone once: anything published before LISTEN took effect is now visible.
             self._signals.wake_all()
-            gen = conn.notifies()
-            stopper = asyncio.ensure_future(stop.wait())
-            try:
-                while not stop.is_set():
-                    nxt = asyncio.ensure_future(anext(gen))
-                    done, _ = await asyncio.wait(
-                        {nxt, stopper}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if nxt not in done:
-                        nxt.cancel()
-                        break
-                    notify = nxt.result()
+            while not stop.is_set():
+                # A bounded wait instead of cancelling the read: cancelling it mid-wait can
+                # leave the connection locked, so shutdown would stall on close.
+                async for notify in conn.notifies(timeout=STOP_CHECK_SECONDS):
                     self._signals.wake(
                         int(part) for part in notify.payload.split(",") if part.strip()
                     )
-            finally:
-                stopper.cancel()
