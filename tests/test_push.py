@@ -88,9 +88,9 @@ async def job_of(http: httpx.AsyncClient, message_id: str) -> dict[str, object]:
 
 
 async def wait_for_status(
-    http: httpx.AsyncClient, message_id: str, status: str, timeout: float = 20.0
+    http: httpx.AsyncClient, message_id: str, status: str, within: float = 20.0
 ) -> dict[str, object]:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         job = await job_of(http, message_id)
         if job["Status"] == status:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -84,7 +85,7 @@ async def test_sigkill_mid_delivery_loses_nothing(
     first = spawn(config_file, "dispatcher")
     deadline = time.monotonic() + 60
     while delivered(url) < JOBS // 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
+        await asyncio.sleep(0.05)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
     at_kill = delivered(url)
@@ -95,7 +96,7 @@ async def test_sigkill_mid_delivery_loses_nothing(
     try:
         deadline = time.monotonic() + 120
         while delivered(url) < JOBS and time.monotonic() < deadline:
-            time.sleep(0.1)
+            await asyncio.sleep(0.1)
     finally:
         for proc in (second, sweeper):
             proc.send_signal(signal.SIGTERM)
