@@ -68,8 +68,15 @@ class Waiter:
     client_expires: bool
     expires_at: float | None
     heartbeat: float | None
-    next_heartbeat: float | None
     delivered: int = 0
+    expiry: asyncio.TimerHandle | None = None
+    beat: asyncio.TimerHandle | None = None
+
+    def cancel_timers(self) -> None:
+        for timer in (self.expiry, self.beat):
+            if timer is not None:
+                timer.cancel()
+        self.expiry = self.beat = None
 
 
 def delivery_headers(delivery: Delivery) -> list[tuple[str, str]]:
@@ -160,7 +167,6 @@ class PullEngine:
                 client_expires=bool(spec.expires),
                 expires_at=expires_at,
                 heartbeat=heartbeat,
-                next_heartbeat=now + heartbeat if heartbeat else None,
             )
         )
 
@@ -214,19 +220,48 @@ class ConsumerPump:
     # -- requests ---------------------------------------------------------------------------
 
     def add(self, waiter: Waiter) -> None:
+        # Expiry and heartbeats run on loop timers, so they go out on time even while the
+        # pump waits for the database.
+        loop = asyncio.get_running_loop()
+        if waiter.expires_at is not None:
+            waiter.expiry = loop.call_at(waiter.expires_at, self._expired, waiter)
+        self._schedule_beat(waiter)
         self.waiters.append(waiter)
         self._dirty = True
         self._kick.set()
 
     def drop(self, which: Callable[[Waiter], bool]) -> None:
-        kept = deque(w for w in self.waiters if not which(w))
-        if len(kept) != len(self.waiters):
-            self.waiters = kept
+        for waiter in [w for w in self.waiters if which(w)]:
+            self._remove(waiter)
             self._kick.set()
 
     def _remove(self, waiter: Waiter) -> None:
+        waiter.cancel_timers()
         with contextlib.suppress(ValueError):
             self.waiters.remove(waiter)
+
+    def _expired(self, waiter: Waiter) -> None:
+        waiter.expiry = None
+        if waiter in self.waiters:
+            self._remove(waiter)
+            self._status(waiter, *p.REQUEST_TIMEOUT, self._pending_headers(waiter))
+            self._kick.set()
+
+    def _schedule_beat(self, waiter: Waiter) -> None:
+        if waiter.beat is not None:
+            waiter.beat.cancel()
+            waiter.beat = None
+        if waiter.heartbeat:
+            waiter.beat = asyncio.get_running_loop().call_later(
+                waiter.heartbeat, self._heartbeat, waiter
+            )
+
+    def _heartbeat(self, waiter: Waiter) -> None:
+        waiter.beat = None
+        if waiter in self.waiters:
+            block = p.heartbeat_block(self.last_seq, self.last_stream_seq)
+            self.engine.out.send(waiter.reply, None, block, b"")
+            self._schedule_beat(waiter)
 
     def _status(
         self, waiter: Waiter, code: int, description: str, headers: Iterable[tuple[str, str]] = ()
@@ -253,6 +288,8 @@ class ConsumerPump:
             log.exception("pull pump of consumer %s failed", self.consumer.id)
         finally:
             self.finished = True
+            for waiter in self.waiters:
+                waiter.cancel_timers()
             self.engine._pump_done(self)
             with contextlib.suppress(Exception):
                 await self.engine.out.flush()
@@ -267,8 +304,6 @@ class ConsumerPump:
         out = self.engine.out
         while self.waiters:
             now = loop.time()
-            self._expire(now)
-            self._beat(now)
             if self._next_due is not None and now >= self._next_due:
                 self._next_due = None
                 self._dirty = True
@@ -294,28 +329,9 @@ class ConsumerPump:
                 self._dirty = True
 
     def _timeout(self, now: float) -> float | None:
-        moments = [self._next_due] if self._next_due is not None else []
-        for w in self.waiters:
-            if w.expires_at is not None:
-                moments.append(w.expires_at)
-            if w.next_heartbeat is not None:
-                moments.append(w.next_heartbeat)
-        if not moments:
+        if self._next_due is None:
             return None
-        return max(min(moments) - now, 0.0)
-
-    def _expire(self, now: float) -> None:
-        for w in [w for w in self.waiters if w.expires_at is not None and now >= w.expires_at]:
-            self._remove(w)
-            self._status(w, *p.REQUEST_TIMEOUT, self._pending_headers(w))
-
-    def _beat(self, now: float) -> None:
-        for w in self.waiters:
-            if w.next_heartbeat is not None and w.heartbeat and now >= w.next_heartbeat:
-                self.engine.out.send(
-                    w.reply, None, p.heartbeat_block(self.last_seq, self.last_stream_seq), b""
-                )
-                w.next_heartbeat = now + w.heartbeat
+        return max(self._next_due - now, 0.0)
 
     # -- claims and hand-out --------------------------------------------------------------------
 
@@ -398,6 +414,8 @@ class ConsumerPump:
             waiter.batch_left -= 1
             if waiter.batch_left > 0:
                 self.waiters.append(waiter)
+            else:
+                waiter.cancel_timers()  # filled: the request ends with no status
         return leftovers
 
     def _fill_bytes(self, waiter: Waiter, deliveries: list[Delivery]) -> list[Delivery]:
@@ -443,8 +461,7 @@ class ConsumerPump:
 
     def _delivered(self, waiter: Waiter) -> None:
         waiter.delivered += 1
-        if waiter.heartbeat:
-            waiter.next_heartbeat = asyncio.get_running_loop().time() + waiter.heartbeat
+        self._schedule_beat(waiter)  # the idle timer restarts after each delivery
 
     async def _release(self, leftovers: list[Delivery]) -> None:
         if leftovers:
