@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 MIN_RECHECK_SECONDS = 0.02
 # After a failed claim (database down), wait this long before trying again.
 RETRY_SECONDS = 0.5
+# While requests wait, the consumer is looked up this often: a deleted one ends them with
+# `409 Consumer Deleted`, a changed one (ack wait, max ack pending) is picked up.
+CONSUMER_CHECK_SECONDS = 1.0
 
 
 class Outbound(Protocol):
@@ -214,6 +217,7 @@ class ConsumerPump:
         self._kick = asyncio.Event()
         self._dirty = True
         self._next_due: float | None = None
+        self._next_check = asyncio.get_running_loop().time() + CONSUMER_CHECK_SECONDS
         self._loaded = False
         self.task = asyncio.create_task(self._run(), name=f"bridge-pump-{self.consumer.pk}")
 
@@ -304,6 +308,11 @@ class ConsumerPump:
         out = self.engine.out
         while self.waiters:
             now = loop.time()
+            if now >= self._next_check:
+                self._next_check = now + CONSUMER_CHECK_SECONDS
+                if not await self._consumer_still_there():
+                    break
+                continue
             if self._next_due is not None and now >= self._next_due:
                 self._next_due = None
                 self._dirty = True
@@ -329,9 +338,29 @@ class ConsumerPump:
                 self._dirty = True
 
     def _timeout(self, now: float) -> float | None:
-        if self._next_due is None:
-            return None
-        return max(self._next_due - now, 0.0)
+        moment = self._next_check
+        if self._next_due is not None:
+            moment = min(moment, self._next_due)
+        return max(moment - now, 0.0)
+
+    async def _consumer_still_there(self) -> bool:
+        try:
+            found = await self.engine.service.lookup(self.consumer.channel_id, self.consumer.id)
+        except Exception:
+            log.exception("consumer check for %s failed", self.consumer.id)
+            return True
+        current = found.consumer
+        if (
+            current is not None
+            and current.pk == self.consumer.pk
+            and current.type is ConsumerType.PULL
+        ):
+            self.consumer = current
+            return True
+        for waiter in list(self.waiters):
+            self._remove(waiter)
+            self._status(waiter, *p.CONSUMER_DELETED)
+        return False
 
     # -- claims and hand-out --------------------------------------------------------------------
 

@@ -378,3 +378,51 @@ async def test_max_waiting_and_api_prefix(
         await sub.unsubscribe()
     finally:
         await nc.close()
+
+
+async def deleted_while_waiting(url: str, delete: Callable[[], Awaitable[None]]) -> Any:
+    nc = await nats.connect(url)
+    try:
+
+        async def then_delete() -> None:
+            await asyncio.sleep(0.3)
+            await delete()
+
+        return await collect(nc, b'{"batch": 2, "expires": 4000000000}', 3.0, during=then_delete)
+    finally:
+        await nc.close()
+
+
+async def test_consumer_deleted_while_requests_wait(
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+) -> None:
+    nc = await nats.connect(jetstream_server.url)
+    js = nc.jetstream()
+    with contextlib.suppress(NotFoundError):
+        await js.delete_stream("orders")
+    await js.add_stream(name="orders", subjects=["orders"])
+    await js.add_consumer("orders", durable_name="workers", ack_policy="explicit")
+    try:
+        expected = await deleted_while_waiting(
+            jetstream_server.url, lambda: js.delete_consumer("orders", "workers")
+        )
+    finally:
+        await js.delete_stream("orders")
+        await nc.close()
+    assert expected == [("status", "409", "Consumer Deleted")]
+
+    await make_bridge("hybrid")
+
+    async def delete_over_http() -> None:
+        found = await client.get("/channel/orders/consumer/workers")
+        since = found.headers["Last-Modified"]
+        response = await client.delete(
+            "/channel/orders/consumer/workers", headers={"If-Unmodified-Since": since}
+        )
+        assert response.status_code == 204, response.text
+
+    actual = await deleted_while_waiting(hub.url, delete_over_http)
+    assert actual == expected
