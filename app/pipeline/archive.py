@@ -204,15 +204,13 @@ class Archiver:
         with_day(conform(source, schema), day).write.mode("overwrite").partitionBy("dt").parquet(
             target
         )
-        return self._verify(batch, table, schema.fields[0].name)
+        return self._verify(batch, table)
 
-    def _verify(self, batch: Batch, table: str, key: str) -> int:
-        written = read_batch_files(self._spark, batch_dir(self._root, table, batch.id), table)
-        row = written.agg(F.count(F.lit(1)).alias("n"), F.count_distinct(key).alias("d")).first()
-        assert row is not None
-        if row["n"] != row["d"]:
-            raise ExportMismatch(f"batch {batch.id}: duplicate {key} in the {table} files")
-        return int(row["n"])
+    def _verify(self, batch: Batch, table: str) -> int:
+        """Rows in the batch's files as read back (Parquet footers: no data scan)."""
+        return int(
+            read_batch_files(self._spark, batch_dir(self._root, table, batch.id), table).count()
+        )
 
     # -- delete --------------------------------------------------------------------------------
 

@@ -97,7 +97,9 @@ def run(
         code = EXIT_CONFIG
     except Exception as exc:
         progress.line("failed:\n" + traceback.format_exc())
-        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        # A JVM error's text carries its whole stack trace: the summary keeps the first line.
+        first = (str(exc).strip().splitlines() or [""])[0]
+        summary.update(status="failed", error=f"{type(exc).__name__}: {first[:500]}")
         code = EXIT_FAILED
     _finish(summary, code, started, out or sys.stdout)
     return summary

@@ -7,7 +7,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from app.config import PipelineConfig
+from app.config import ConfigError, PipelineConfig
 
 
 def under_spark_submit() -> bool:
@@ -29,7 +29,6 @@ def build_session(
     if (chosen or "local").startswith("local") and not under_spark_submit():
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {
-        "spark.jars": config.jdbc_jar,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
@@ -37,11 +36,30 @@ def build_session(
         "spark.ui.showConsoleProgress": "true",
         **(extra or {}),
     }
+    if not under_spark_submit():
+        # Under spark-submit, --jars sets spark.jars (with any other jars the user adds).
+        settings.setdefault("spark.jars", config.jdbc_jar)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _require_jdbc_driver(spark, config.jdbc_jar)
     return spark
+
+
+def _require_jdbc_driver(spark: SparkSession, jar: str) -> None:
+    """spark.jars reaches the executors, but under spark-submit the driver's classpath was fixed
+    when the JVM started: there the jar must come with `--jars`."""
+    jvm: Any = spark.sparkContext._jvm
+    try:
+        loader = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+        jvm.java.lang.Class.forName("org.postgresql.Driver", False, loader)
+    except Exception:  # py4j's error for the JVM's ClassNotFoundException
+        spark.stop()
+        raise ConfigError(
+            f"[pipeline] jdbc-jar: org.postgresql.Driver is not on the Spark driver's classpath;"
+            f" install Debian's libpostgresql-jdbc-java, and under spark-submit pass --jars {jar}"
+        ) from None
 
 
 class ArchiveFs:
