@@ -18,6 +18,10 @@ from app.store.db import Database
 from app.store.jobs import JobStore, QueueStats
 from app.store.stakeholders import ConsumerStore, channels
 
+# The `pending` token of ack subjects (nats-py `num_pending`) is exact up to this many due
+# jobs; counting a deep backlog exactly on every claim would cost more than the claim.
+PENDING_COUNT_CAP = 1000
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
@@ -32,9 +36,8 @@ class Delivery:
 @dataclass(frozen=True, slots=True)
 class ClaimBatch:
     deliveries: list[Delivery]
-    due: int
-    due_bytes: int
-    next_due_at: datetime | None
+    due: int  # due jobs left after the claim, counted up to PENDING_COUNT_CAP
+    next_due_at: datetime | None  # when nothing is due: when the next job falls due
     last_seq: int
     last_stream_seq: int
 
@@ -94,21 +97,20 @@ class BridgeService:
                 max_bytes=max_bytes,
                 max_ack_pending=consumer.max_ack_pending,
             )
-            stats = await jobs.stats(consumer.pk)
             bridge = BridgeStore(tx)
+            due, next_due_at = await bridge.due_after_claim(consumer.pk, PENDING_COUNT_CAP)
             seqs = await bridge.next_delivery_seqs(len(claimed))
             if claimed:
                 await bridge.record_delivery(consumer.pk, seqs[-1], max(c.job.id for c in claimed))
         count = len(claimed)
         deliveries = [
-            Delivery(c.job, c.message, seq, stats.due + count - 1 - index)
+            Delivery(c.job, c.message, seq, due + count - 1 - index)
             for index, (c, seq) in enumerate(zip(claimed, seqs, strict=True))
         ]
         return ClaimBatch(
             deliveries,
-            stats.due,
-            stats.due_bytes,
-            stats.next_due_at,
+            due,
+            next_due_at,
             seqs[-1] if seqs else 0,
             max((c.job.id for c in claimed), default=0),
         )
