@@ -184,7 +184,7 @@ async def test_nak_with_zero_delay_is_due_at_once(
 
 
 @pytest.mark.parametrize(
-    "extra_config", ["[broker]\nmax-retry=2\nretry-backoff-delays-in-seconds=1\n"]
+    "extra_config", ["[broker]\nmax-retry=2\nretry-backoff-delays-in-seconds=1\n"], ids=["config"]
 )
 async def test_nak_after_the_last_retry_dead_letters(
     client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
@@ -399,7 +399,7 @@ async def test_bad_batch_ack_is_400(
     assert r.status_code == 400, r.text
 
 
-@pytest.mark.parametrize("extra_config", ["[pull]\nmax-batch=3\n"])
+@pytest.mark.parametrize("extra_config", ["[pull]\nmax-batch=3\n"], ids=["config"])
 async def test_batch_ack_size_is_capped(client: httpx.AsyncClient, k1: PullConsumer) -> None:
     r = await ack_batch(client, k1, [{"id": n, "type": "ack"} for n in range(1, 5)])
     assert r.status_code == 400

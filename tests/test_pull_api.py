@@ -225,7 +225,9 @@ async def test_pull_body_must_be_a_json_object(
     assert r.status_code == 400
 
 
-@pytest.mark.parametrize("extra_config", ["[pull]\nmax-batch=3\nmax-expires-seconds=2\n"])
+@pytest.mark.parametrize(
+    "extra_config", ["[pull]\nmax-batch=3\nmax-expires-seconds=2\n"], ids=["config"]
+)
 async def test_limits_come_from_the_pull_section(
     client: httpx.AsyncClient, k1: PullConsumer
 ) -> None:
@@ -393,7 +395,7 @@ async def test_notify_from_another_runtime_wakes_a_waiting_pull(
 # -- max-waiting ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("extra_config", ["[pull]\nmax-waiting=2\n"])
+@pytest.mark.parametrize("extra_config", ["[pull]\nmax-waiting=2\n"], ids=["config"])
 async def test_max_waiting_refuses_one_waiter_too_many(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:
@@ -460,7 +462,7 @@ max-ack-pending = 1
 """
 
 
-@pytest.mark.parametrize("extra_config", [SEEDED])
+@pytest.mark.parametrize("extra_config", [SEEDED], ids=["config"])
 async def test_seeded_ack_wait_and_max_ack_pending(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:

@@ -113,7 +113,7 @@ class Ledger:
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
-@pytest.mark.parametrize("extra_config", [CHAOS_CONFIG])
+@pytest.mark.parametrize("extra_config", [CHAOS_CONFIG], ids=["config"])
 async def test_chaos_every_job_ends_delivered_or_dead(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:

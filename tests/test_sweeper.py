@@ -62,7 +62,11 @@ async def test_every_retry_waits_the_backoff_then_the_job_dies(
     await publish(client, "x")
     [job] = await pull_jobs(client, k1)
     for retry in range(1, max_retry + 1):
-        await expire_and_sweep(runtime, job["ID"])
+        await expire_and_sweep(
+            runtime,
+            job["ID"],
+            ids=["5,30,60", "2,7", "3"],
+        )
         row = await job_row(runtime, job["ID"])
         assert (row.status, row.retry_count, row.timeout_count) == ("QUEUED", retry, retry)
         assert row.lease_expires_at is None
@@ -80,7 +84,7 @@ async def test_every_retry_waits_the_backoff_then_the_job_dies(
     assert [d["ID"] for d in dlq] == [str(job["ID"])]
 
 
-@pytest.mark.parametrize("extra_config", ["[broker]\nmax-retry=0\n"])
+@pytest.mark.parametrize("extra_config", ["[broker]\nmax-retry=0\n"], ids=["config"])
 async def test_no_retries_means_the_first_expiry_dead_letters(
     client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
 ) -> None:
@@ -113,7 +117,7 @@ async def test_sweep_leaves_live_leases_and_other_states_alone(
     assert await runtime.sweeps.sweep_all() == 0
 
 
-@pytest.mark.parametrize("extra_config", ["[pull]\nsweep-batch-size=3\n"])
+@pytest.mark.parametrize("extra_config", ["[pull]\nsweep-batch-size=3\n"], ids=["config"])
 async def test_sweep_moves_bounded_batches(
     client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
 ) -> None:
@@ -156,7 +160,9 @@ async def test_concurrent_sweepers_split_the_work(
     assert {(r.status, r.retry_count, r.timeout_count) for r in rows} == {("QUEUED", 1, 1)}
 
 
-@pytest.mark.parametrize("extra_config", ["[broker]\nretry-backoff-delays-in-seconds=1\n"])
+@pytest.mark.parametrize(
+    "extra_config", ["[broker]\nretry-backoff-delays-in-seconds=1\n"], ids=["config"]
+)
 async def test_sweep_wakes_a_waiting_pull(client: httpx.AsyncClient, runtime: Runtime) -> None:
     """The waiter saw nothing queued, so only the sweep's wake-up tells it to look again."""
     [k1] = await setup_channel(client, "k1")
@@ -202,13 +208,15 @@ async def test_sweeper_loop_requeues_and_dead_letters_on_its_own(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
-    row = await job_row(runtime, first["ID"])
+    row = await job_row(runtime, first["ID"], ids=["config"])
     assert (row.retry_count, row.timeout_count) == (1, 2)
 
 
 @pytest.mark.parametrize("backend", ["postgresql"])
 @pytest.mark.parametrize(
-    "extra_config", ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=1\n"]
+    "extra_config",
+    ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=1\n"],
+    ids=["config"],
 )
 async def test_sweeper_process_wakes_pulls_of_another_process(
     client: httpx.AsyncClient, runtime: Runtime
