@@ -51,6 +51,7 @@ async def expire_and_sweep(runtime: Runtime, job_id: int) -> None:
         ("[broker]\nretry-backoff-delays-in-seconds=2,7\nmax-retry=4\n", (2, 7), 4),
         ("[broker]\nretry-backoff-delays-in-seconds=3\nmax-retry=3\n", (3,), 3),
     ],
+    ids=["5,30,60", "2,7", "3"],
 )
 async def test_every_retry_waits_the_backoff_then_the_job_dies(
     client: httpx.AsyncClient,
