@@ -85,15 +85,25 @@ def _wait_for_port(port: int, timeout: float = 10) -> None:
 class NatsServer:
     """One nats-server process on loopback ports; restartable on the same ports."""
 
-    def __init__(self, *, jetstream: bool = False, leafnodes: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        jetstream: bool = False,
+        leafnodes: bool = False,
+        authorization: str = "",
+        leaf_authorization: str = "",
+    ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="wb-nats-"))
         self.port = free_port()
         self.leaf_port = free_port() if leafnodes else None
         lines = [f"listen: 127.0.0.1:{self.port}", "max_payload: 8MB"]
         if jetstream:
             lines.append(f'jetstream {{ store_dir: "{self.root / "js"}" }}')
+        if authorization:
+            lines.append(f"authorization {{ {authorization} }}")
         if self.leaf_port is not None:
-            lines.append(f"leafnodes {{ listen: 127.0.0.1:{self.leaf_port} }}")
+            auth = f", authorization: {{ {leaf_authorization} }}" if leaf_authorization else ""
+            lines.append(f"leafnodes {{ listen: 127.0.0.1:{self.leaf_port}{auth} }}")
         self.conf = self.root / "server.conf"
         self.conf.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[bytes] | None = None

@@ -337,3 +337,38 @@ async def test_cli_bridge_process(
     async with runtime.db.transaction() as tx:
         job = await JobStore(tx).get(1)
     assert job is not None and job.status is JobStatus.DELIVERED
+
+
+async def test_credentials_for_both_connections(
+    make_bridge: BridgeFactory, client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    """A server that wants a user and password from clients and other ones from leafnodes."""
+    server = NatsServer(
+        leafnodes=True,
+        authorization="user: bridge, password: s3cret",
+        leaf_authorization="user: leaf, password: l3af",
+    )
+    server.start()
+    try:
+        await make_bridge(
+            "hybrid",
+            server=server,
+            user="bridge",
+            password="s3cret",
+            leaf_user="leaf",
+            leaf_password="l3af",
+        )
+        nc = await nats.connect(f"nats://bridge:s3cret@127.0.0.1:{server.port}")
+        try:
+            psub = await nc.jetstream().pull_subscribe("orders", durable="workers")
+            await publish_http(client, ["secret-job"])
+            [msg] = await psub.fetch(1, timeout=2)
+            assert msg.data == b"secret-job" and msg.metadata.num_delivered == 1
+            await msg.ack_sync()
+        finally:
+            await nc.close()
+    finally:
+        server.cleanup()
+    async with runtime.db.transaction() as tx:
+        job = await JobStore(tx).get(1)
+    assert job is not None and job.status is JobStatus.DELIVERED

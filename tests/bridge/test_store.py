@@ -1,0 +1,155 @@
+"""The bridge's statements on both databases (the sequence and its SQLite stand-in, delivery
+state, releasing a claim), the migration without drift, and the [nats] config section."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from alembic import command
+from sqlalchemy import update
+
+from app.config import ConfigError, NatsConfig, load_config_text
+from app.domain.jobs import AckType, JobStatus
+from app.runtime import Runtime
+from app.services.bridge import BridgeService
+from app.services.delivery import AckItem
+from app.services.publishing import Broadcast
+from app.store.bridge import BridgeStore
+from app.store.jobs import JobStore
+from app.store.migrate import alembic_config
+from app.store.schema import job
+from tests.bridge.conftest import SEED
+from tests.conftest import fresh_database
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def both(request: pytest.FixtureRequest) -> AsyncIterator[Runtime]:
+    """A seeded runtime on a fresh database of each kind."""
+    if request.param == "postgresql":
+        request.getfixturevalue("pg_template")
+        rdbms = fresh_database("postgresql", request.getfixturevalue("pg_base_url"), None)
+    else:
+        rdbms = fresh_database("sqlite", None, request.getfixturevalue("sqlite_template"))
+    runtime = Runtime(load_config_text(rdbms + SEED))
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+
+
+async def publish(runtime: Runtime, count: int) -> None:
+    for n in range(count):
+        await runtime.publishing.publish(
+            "orders",
+            Broadcast(
+                channel_token="orders-token",
+                producer_id="shop",
+                producer_token="shop-token",
+                payload=f"p{n}".encode(),
+                content_type="text/plain",
+                priority=None,
+                message_id=None,
+                metadata_header_names=None,
+                headers={},
+            ),
+        )
+
+
+async def test_delivery_sequence_is_shared_and_gapless_per_call(both: Runtime) -> None:
+    async def take(count: int) -> list[int]:
+        async with both.db.transaction() as tx:
+            return await BridgeStore(tx).next_delivery_seqs(count)
+
+    first = await take(3)
+    assert first == [1, 2, 3]
+    assert await take(0) == []
+    # Concurrent callers never get the same number.
+    batches = await asyncio.gather(*(take(5) for _ in range(8)))
+    numbers = [n for batch in batches for n in batch]
+    assert len(set(numbers)) == 40 and min(numbers) == 4
+    assert all(batch == sorted(batch) for batch in batches)
+
+
+async def test_claim_release_and_state(both: Runtime) -> None:
+    service = BridgeService(both.db, both.delivery, both.config.broker.retry_policy)
+    consumer = (await service.lookup("orders", "workers")).consumer
+    assert consumer is not None
+    await publish(both, 3)
+    batch = await service.claim(consumer, 2)
+    assert [d.job.id for d in batch.deliveries] == [1, 2]
+    assert [d.seq for d in batch.deliveries] == [1, 2]
+    assert [d.pending for d in batch.deliveries] == [2, 1]  # job 3 is still due
+    assert batch.due == 1 and batch.last_seq == 2 and batch.last_stream_seq == 2
+    # Give job 2 back: due again, its attempt returned, no retry counted.
+    await service.release(consumer, [(2, 1)])
+    await service.release(consumer, [(1, 7)])  # a stale attempt changes nothing
+    async with both.db.transaction() as tx:
+        jobs = JobStore(tx)
+        one, two = await jobs.get(1), await jobs.get(2)
+    assert one is not None and one.status is JobStatus.INFLIGHT
+    assert two is not None and (two.status, two.attempt, two.retry_count) == (
+        JobStatus.QUEUED,
+        0,
+        0,
+    )
+    result = await service.acks(consumer, [AckItem(1, AckType.ACK, attempt=1)])
+    assert [o.status for o in result.outcomes] == [202]
+    snapshot = await service.snapshot(consumer)
+    assert snapshot.state.last_delivery_seq == 2 and snapshot.state.last_stream_seq == 2
+    assert snapshot.state.outstanding == 0  # job 2 was given back, job 1 acked
+    assert snapshot.stats.due == 2
+    later = await service.claim(consumer, 5)
+    assert [(d.job.id, d.job.attempt, d.seq) for d in later.deliveries] == [(2, 1, 3), (3, 1, 4)]
+    assert later.due == 0 and later.next_due_at is None
+    # A NAK that uses up the retries reports the job as dead.
+    policy = both.config.broker.retry_policy
+    for attempt in range(1, policy.max_retry + 2):
+        if attempt > 1:
+            async with both.db.transaction() as tx:  # make the nak'ed job due at once
+                await tx.conn.execute(update(job).values(earliest_next_attempt_at=job.c.created_at))
+            [again] = (await service.claim(consumer, 1)).deliveries
+            assert again.job.id == 2
+        result = await service.acks(consumer, [AckItem(2, AckType.NAK, attempt=attempt, delay=60)])
+        assert [o.status for o in result.outcomes] == [202]
+    assert [j.id for j in result.dead] == [2]
+
+
+async def test_migration_has_no_drift(both: Runtime) -> None:
+    """`alembic check`: the schema module and the migrations (0002_bridge included) agree."""
+    await asyncio.to_thread(command.check, alembic_config(both.config.database))
+
+
+def test_nats_config_defaults_and_keys() -> None:
+    base = "[rdbms]\ndialect=sqlite\nconnection-url=x.sqlite3\n"
+    assert load_config_text(base).nats == NatsConfig()
+    config = load_config_text(
+        base + "[nats]\nmode=hybrid\nurl=nats://a:4222,nats://b:4222\nleaf-url=nats-leaf://a:7422\n"
+        "api-prefix=BRIDGE.API\nqueue-group=g\nuser=u\npassword=p\nleaf-token=t\n"
+    )
+    assert config.nats.mode == "hybrid"
+    assert config.nats.url == "nats://a:4222,nats://b:4222"
+    assert (config.nats.api_prefix, config.nats.ack_prefix) == ("BRIDGE.API", "$WB.ACK")
+    assert (config.nats.user, config.nats.password, config.nats.leaf_token) == ("u", "p", "t")
+    env = load_config_text(base, environ={"WEBHOOK_BROKER__NATS__URL": "nats://env:4222"})
+    assert env.nats.url == "nats://env:4222"
+
+
+@pytest.mark.parametrize(
+    ("section", "names"),
+    [
+        ("mode=push", "[nats] mode"),
+        ("mode=hybrid", "[nats] leaf-url"),
+        ("url=http://x:1", "[nats] url"),
+        ("ack-prefix=$JS.ACK", "[nats] ack-prefix"),
+        ("api-prefix=a.*.b", "[nats] api-prefix"),
+        ("colour=blue", "[nats] colour"),
+    ],
+)
+def test_bad_nats_config_names_the_key(section: str, names: str) -> None:
+    base = "[rdbms]\ndialect=sqlite\nconnection-url=x.sqlite3\n"
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(base + "[nats]\n" + section + "\n")
+    assert names in str(caught.value)
