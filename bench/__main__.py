@@ -89,8 +89,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     s = Settings()
     if a.quick:
         s = Settings(
-            warmup=1.0,
-            duration=3.0,
+            warmup=0.5,
+            duration=2.5,
             pgbench_warmup=0.5,
             pgbench_duration=2.0,
             rounds=1,

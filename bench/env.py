@@ -78,6 +78,16 @@ class Measured:
     def rate(self) -> float:
         return self.jobs / self.seconds if self.seconds > 0 else 0.0
 
+    def cpu_ms_per_job(self) -> dict[str, float]:
+        """CPU milliseconds each process group spent per job counted."""
+        if not self.jobs or not self.seconds:
+            return {}
+        return {
+            group: round(percent / 100.0 * self.seconds * 1000.0 / self.jobs, 4)
+            for group, percent in self.cpu.items()
+            if group != "machine"
+        }
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -88,6 +98,7 @@ class Measured:
             "jobs_per_s": round(self.rate, 1),
             "latency_ms": self.latency_ms,
             "cpu_percent": self.cpu,
+            "cpu_ms_per_job": self.cpu_ms_per_job(),
             "notes": self.notes,
             "extra": self.extra,
         }

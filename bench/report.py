@@ -11,6 +11,7 @@ from bench.env import Measured
 from bench.scenarios import PAIRS, Runner, median_ratio
 
 LATENCY_KEYS = (
+    "wakeup",
     "pull",
     "publish",
     "fetch",
@@ -51,7 +52,7 @@ def row(m: Measured, ratio: str = "") -> list[str]:
     key, lat = primary_latency(m)
     p50 = fmt(lat.get("p50"), 2) if lat else "-"
     p99 = fmt(lat.get("p99"), 2) if lat else "-"
-    if key and key not in ("pull", "publish", "fetch", "script"):
+    if key and key not in ("pull", "publish", "fetch", "script", "wakeup"):
         p50 = f"{p50} ({key})"
     rate = fmt(m.rate, 0)
     if "statements_per_s" in m.extra:
@@ -227,12 +228,18 @@ def tables(runner: Runner) -> str:
             "publish": "HTTP publish",
         }[ours]
         mine = median_run(_find(runner, label, "ours"))
-        ceilings = [m for m in runner.results if m.name.startswith(f"pgbench {script},")]
+        ceilings = [
+            m
+            for m in runner.results
+            if m.group == "ceiling" and m.extra.get("script") == script and "[round" in m.name
+        ]
         ceiling = median_run(ceilings)
         ratio = median_ratio(pairs)
         ratios = ", ".join(f"{p['ratio']:.1%}" for p in pairs)
         if ceiling:
-            paired.append(row(ceiling, f"ceiling (median of {len(pairs)})"))
+            ceiling_row = row(ceiling, f"ceiling (median run of {len(pairs)})")
+            ceiling_row[0] = ceiling.name.split(" [round")[0]
+            paired.append(ceiling_row)
         if mine:
             mine_row = row(mine, f"{ratio:.1%} of ceiling (rounds: {ratios})" if ratio else "")
             mine_row[0] = mine.name.split(" [round")[0]

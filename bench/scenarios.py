@@ -35,7 +35,7 @@ GUESS = {
     "push": 1_500.0,
     "jetstream": 20_000.0,
     "bridge": 10_000.0,
-    "pgqueuer": 5_000.0,
+    "pgqueuer": 12_000.0,
     "publish": 5_000.0,
 }
 PGBENCH_CONSUMER = {"claim": "pgb-claim", "batch_ack": "pgb-batch", "each_ack": "pgb-each"}
@@ -151,14 +151,8 @@ class Runner:
             launched + timedelta(seconds=warm), launched + timedelta(seconds=warm + dur)
         )
         jobs = await db.count_jobs(env.conn, JOBS_COUNTED_BY[script], pks, window)
-        label = {
-            "claim": f"claim({s.batch})",
-            "batch_ack": f"claim({s.batch}) + batch ack",
-            "each_ack": f"claim({s.batch}) + per-job ack",
-            "publish": f"publish, fan-out {len(pks)}",
-        }[script]
         m = Measured(
-            name or f"pgbench {label}, {clients} client{'s' if clients > 1 else ''}",
+            name or f"pgbench {self.label(script)}, {clients} client{'s' if clients > 1 else ''}",
             "ceiling",
             jobs=jobs,
             seconds=window.seconds,
@@ -185,6 +179,14 @@ class Runner:
             self.rates[key] = m.rate
             self.rates[script] = max(self.rates[script], m.rate)
         return m
+
+    def label(self, script: str) -> str:
+        return {
+            "claim": f"claim({self.s.batch})",
+            "batch_ack": f"claim({self.s.batch}) + batch ack",
+            "each_ack": f"claim({self.s.batch}) + per-job ack",
+            "publish": f"publish, fan-out {len(PUB_CONSUMERS)}",
+        }[script]
 
     async def ceiling_matrix(self) -> None:
         self.say("pgbench ceiling: our statements at " + ", ".join(map(str, self.s.clients)))
@@ -306,7 +308,9 @@ class Runner:
                     continue
                 clients = self.best_clients.get(script, 4)
                 ceiling = await self.pgbench(
-                    script, clients, f"pgbench {script}, {clients} clients [round {round_no}]"
+                    script,
+                    clients,
+                    f"pgbench {self.label(script)}, {clients} clients [round {round_no}]",
                 )
                 tag = ours if round_no == 1 else None
                 if ours == "publish":
@@ -882,9 +886,9 @@ class Runner:
                 cursor = await env.conn.execute(
                     f"EXPLAIN (ANALYZE, BUFFERS) {base}(job.id, job.attempt) IN ({pairs})", (pk,)
                 )
-                self.plans["batch ack as rendered: (id, attempt) IN (...)"] = [
-                    str(r[0])[:300] for r in await cursor.fetchall()
-                ]
+                self.plans["batch ack as rendered: (id, attempt) IN (...)"] = shorten(
+                    [str(r[0])[:300] for r in await cursor.fetchall()]
+                )
             ids = [i for i, _ in rows]
             attempts = [a for _, a in rows]
             async with env.conn.transaction(force_rollback=True):
@@ -893,9 +897,9 @@ class Runner:
                     "(job.id, job.attempt) IN (SELECT * FROM unnest(%s::bigint[], %s::int[]))",
                     (pk, ids, ids, attempts),
                 )
-                self.plans["batch ack proposed: id = ANY(...) + unnest pairs"] = [
-                    str(r[0])[:300] for r in await cursor.fetchall()
-                ]
+                self.plans["batch ack proposed: id = ANY(...) + unnest pairs"] = shorten(
+                    [str(r[0])[:300] for r in await cursor.fetchall()]
+                )
         self.plans["(context)"] = [f"{inflight + 20000} jobs INFLIGHT for the consumer"]
 
     # -- soak -----------------------------------------------------------------------------------
@@ -937,6 +941,12 @@ class Runner:
             m.extra["loss_first_to_last_minute"] = round(1 - last / first, 4) if first else None
         await self.exhausted(m, consumer)
         return self.keep(m)
+
+
+def shorten(lines: list[str], head: int = 24, tail: int = 8) -> list[str]:
+    if len(lines) <= head + tail:
+        return lines
+    return [*lines[:head], f"... {len(lines) - head - tail} lines ...", *lines[-tail:]]
 
 
 def median_ratio(pairs: list[dict[str, float]]) -> float | None:
