@@ -25,8 +25,9 @@ from app.pipeline.spark import ArchiveFs
 from app.pipeline.state import EXPORTED, PLANNED, Batch, BatchStore
 from app.pipeline.transforms import with_day
 
-# Called after each step ("planned", "exported", "deleted", "finalized") with the batch as it
-# was when the step ended. Tests raise from it to simulate a crash at that point.
+# Called after each step ("planned", "exported", "deleted", "finalized"; inside finalize also
+# "<table>-staged", between removing a batch's files and moving the staged copy in) with the
+# batch as it was when the step ended. Tests raise from it to simulate a crash at that point.
 StepHook = Callable[[str, Batch], None]
 
 _MESSAGE_SQL = """(SELECT m.pk, m.channel_id, m.message_id, m.producer_id, m.payload,
@@ -94,6 +95,11 @@ class ArchiveSummary:
 
 def batch_dir(root: str, table: str, batch_id: int) -> str:
     return f"{root.rstrip('/')}/{table}/batch_id={batch_id}"
+
+
+def staging_dir(root: str, table: str, batch_id: int) -> str:
+    """Where finalize stages a batch's rewritten files (hidden from partition discovery)."""
+    return batch_dir(f"{root.rstrip('/')}/_rewrite", table, batch_id)
 
 
 def read_batch_files(spark: SparkSession, path: str, table: str) -> DataFrame:
@@ -248,7 +254,7 @@ class Archiver:
 
     def _rewrite_without(self, batch: Batch, table: str, key: str, kept: list[int]) -> int:
         target = batch_dir(self._root, table, batch.id)
-        staging = batch_dir(f"{self._root}/_rewrite", table, batch.id)
+        staging = staging_dir(self._root, table, batch.id)
         expected = batch.deleted_message_count if table == "message" else batch.deleted_job_count
         # The target is removed only once the staging copy is complete and checked, so when
         # the target is missing the staging copy is whole and only the rename is left to do.
@@ -268,6 +274,7 @@ class Archiver:
                     f" {expected} were deleted from the database"
                 )
             self._fs.delete(target)
+            self._hook(f"{table}-staged", batch)
         if self._fs.exists(staging):
             self._fs.rename(staging, target)
         return expected

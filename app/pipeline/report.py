@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType, TimestampType
 
 from app.config import PipelineConfig
+from app.pipeline.archive import batch_dir, read_batch_files, staging_dir
 from app.pipeline.db import JdbcTarget
 from app.pipeline.htmlreport import render
 from app.pipeline.progress import Progress
 from app.pipeline.schemas import ARCHIVED_JOB, PARTITIONS, REPORT_JOB, conform
 from app.pipeline.spark import ArchiveFs
-from app.pipeline.state import BatchStore
+from app.pipeline.state import Batch, BatchStore
 from app.pipeline.transforms import delivery_stats, hourly_throughput, with_timings
 
 _LIVE_SQL = """(SELECT j.id, c.channel_id, c.consumer_id, j.status, j.retry_count,
@@ -84,7 +86,7 @@ class Reporter:
 
     def run(self, *, write: bool = True) -> ReportResult:
         started = time.monotonic()
-        batches = [b.id for b in self._store.deleted()]
+        batches = self._store.deleted()
         archived = self._archived_jobs(batches).withColumn("source", F.lit("archive"))
         live = self._live_jobs().withColumn("source", F.lit("live"))
         timed = with_timings(archived.unionByName(live)).cache()
@@ -119,18 +121,27 @@ class Reporter:
         rows = data["sources"]["archived_jobs"] + data["sources"]["live_jobs"]
         return ReportResult(data, time.monotonic() - started, rows, written)
 
-    def _archived_jobs(self, batches: list[int]) -> DataFrame:
-        root = f"{self._config.archive_root.rstrip('/')}/job"
-        empty = self._spark.createDataFrame([], REPORT_JOB)
-        if not batches or not ArchiveFs(self._spark, root).has_data(root):
-            return empty
-        schema = StructType([*ARCHIVED_JOB.fields, *PARTITIONS.fields])
-        jobs = (
-            self._spark.read.schema(schema)
-            .option("basePath", root)
-            .parquet(root)
-            .where(F.col("batch_id").isin(batches))
-        )
+    def _archived_jobs(self, batches: list[Batch]) -> DataFrame:
+        archive = self._config.archive_root
+        root = f"{archive.rstrip('/')}/job"
+        fs = ArchiveFs(self._spark, archive)
+        parts = []
+        if batches and fs.has_data(root):
+            parts.append(
+                self._spark.read.schema(StructType([*ARCHIVED_JOB.fields, *PARTITIONS.fields]))
+                .option("basePath", root)
+                .parquet(root)
+                .where(F.col("batch_id").isin([b.id for b in batches]))
+            )
+        for batch in batches:
+            # A finalize that crashed between removing the files and moving the staged copy in.
+            staging = staging_dir(archive, "job", batch.id)
+            if not fs.exists(batch_dir(archive, "job", batch.id)) and fs.exists(staging):
+                staged = read_batch_files(self._spark, staging, "job")
+                parts.append(staged.withColumn("batch_id", F.lit(batch.id).cast("long")))
+        if not parts:
+            return self._spark.createDataFrame([], REPORT_JOB)
+        jobs = reduce(DataFrame.unionByName, parts)
         kept = self._store.kept_in_unfinalized()
         if kept:
             drop = self._spark.createDataFrame(kept, "_batch long, _pk long")

@@ -211,3 +211,40 @@ def test_requeue_committing_during_the_delete_keeps_the_message(
         {"status": "QUEUED"}
     ]
     assert victim["message_pk"] not in _ids(archived(spark, pipeline, "message"), "pk")
+
+
+def test_crash_inside_finalize_then_report_then_rerun(
+    spark: SparkSession, pipeline: Config
+) -> None:
+    """Crash after a batch's job files were removed and before the staged copy moved in."""
+    dataset = data.seed(pipeline.database.connection_url, old=12, old_open=0, recent=0)
+    victim = _dead_job(pipeline)
+    total = query(pipeline, "SELECT count(*) AS n FROM job")[0]["n"]
+    others = [pk for pk in dataset.old_terminal if pk != victim["message_pk"]]
+    messages, jobs = snapshot(pipeline, others)
+
+    def hook(step: str, batch: Batch) -> None:
+        if step == "exported":
+            requeue_dead(pipeline, victim["consumer_pk"], victim["id"])
+        if step == "job-staged":
+            raise Crash("between removing the job files and moving the staged copy in")
+
+    assert run("archive", pipeline, spark=spark, hook=hook)["status"] == "failed"
+    root = Path(pipeline.pipeline.archive_root)
+    assert not (root / "job" / "batch_id=1").exists()
+    assert (root / "_rewrite" / "job" / "batch_id=1").exists()
+
+    # The report still counts every job exactly once: the staged files stand in.
+    report = run("report", pipeline, spark=spark)
+    assert report["status"] == "ok", report
+    assert (
+        report["report"]["archived_jobs"] == len(jobs) == batches(pipeline)[0]["deleted_job_count"]
+    )
+    assert report["report"]["archived_jobs"] + report["report"]["live_jobs"] == total
+
+    rerun = run("archive", pipeline, spark=spark)
+    assert rerun["status"] == "ok" and rerun["archive"]["resumed_batches"] == 1
+    assert _strip(archived(spark, pipeline, "message"), MESSAGE_COLUMNS) == messages
+    assert _strip(archived(spark, pipeline, "job"), JOB_COLUMNS) == jobs
+    assert not (root / "_rewrite" / "job" / "batch_id=1").exists()
+    assert batches(pipeline)[0]["finalized"]
