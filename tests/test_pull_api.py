@@ -594,3 +594,24 @@ async def test_requeued_dead_jobs_wake_a_waiting_pull(
     assert (await client.post(f"{k1.base}/dlq", headers=k1.auth)).status_code == 202
     r = await asyncio.wait_for(waiting, timeout=5)
     assert [str(j["ID"]) for j in r.json()["Jobs"]] == [dead[1]]
+
+
+async def test_raising_max_ack_pending_frees_a_waiting_pull(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    """A waiter stuck on the cap re-reads the consumer when its PUT wakes it."""
+    [k1] = await setup_channel(client, "k1", maxAckPending="1")
+    await publish(client, "a", message_id="a")
+    await publish(client, "b", message_id="b")
+    assert len(await pull_jobs(client, k1, batch=5)) == 1
+    waiting = asyncio.create_task(pull(client, k1, batch=5, expires=30))
+    await until_waiting(runtime, await consumer_pk(runtime, "k1"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    r = await update_consumer(client, k1, maxAckPending="2", ackWait="9")
+    assert r.status_code == 200, r.text
+    r = await asyncio.wait_for(waiting, timeout=5)
+    [job] = r.json()["Jobs"]
+    assert job["Message"]["MessageID"] == "b"
+    # The new ackWait applies to that claim too.
+    assert lease_seconds(job, await job_row(runtime, job["ID"])) == pytest.approx(9, abs=0.01)

@@ -14,12 +14,13 @@ from datetime import UTC, datetime
 
 from app.domain.errors import Conflict, InvalidInput, NotFound, TooManyWaiting
 from app.domain.jobs import AckType, JobStatus, RetryPolicy, check_seed_transition
-from app.domain.models import ClaimedJob, Consumer, Job, Page
+from app.domain.models import ClaimedJob, Consumer, ConsumerType, Job, Page
 from app.services.auth import pull_consumer
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.pagination import Cursor
 from app.store.signals import Signals
+from app.store.stakeholders import ConsumerStore
 
 # A waiter whose next job falls due later re-checks no sooner than this, so clock skew between
 # the database and this process can never turn waiting into a busy loop.
@@ -247,9 +248,16 @@ class DeliveryService:
             )
         # Subscribe before the first claim so a publish between claim and wait is not missed.
         with self._signals.subscribe(consumer.pk) as woken:
+            refresh = False
             while True:
                 woken.clear()
-                claimed, pending, next_due = await self._claim_once(consumer, request)
+                # Re-checks re-read the consumer: a PUT may have changed maxAckPending or
+                # ackWait (and wakes us), or deleted the consumer, while we waited.
+                current = await self._claim_once(consumer, request, refresh=refresh)
+                if current is None:
+                    return PullResult([], 0)
+                consumer, claimed, pending, next_due = current
+                refresh = True
                 remaining = deadline - loop.time()
                 if claimed or not waits or remaining <= 0 or self._draining:
                     return PullResult(claimed, pending)
@@ -261,9 +269,18 @@ class DeliveryService:
                     await asyncio.wait_for(woken.wait(), timeout=timeout)
 
     async def _claim_once(
-        self, consumer: Consumer, request: PullRequest
-    ) -> tuple[list[ClaimedJob], int, datetime | None]:
+        self, consumer: Consumer, request: PullRequest, *, refresh: bool = False
+    ) -> tuple[Consumer, list[ClaimedJob], int, datetime | None] | None:
+        """One claim: the consumer as used, the jobs, due jobs left, and when the next is due.
+
+        None when `refresh` finds the consumer deleted or no longer a pull consumer.
+        """
         async with self._db.transaction() as tx:
+            if refresh:
+                fresh = await ConsumerStore(tx).get_by_pk(consumer.pk)
+                if fresh is None or fresh.type is not ConsumerType.PULL:
+                    return None
+                consumer = fresh
             store = JobStore(tx)
             claimed = await store.claim(
                 consumer.pk,
@@ -274,7 +291,7 @@ class DeliveryService:
                 max_ack_pending=consumer.max_ack_pending,
             )
             stats = await store.stats(consumer.pk)
-        return claimed, stats.due, stats.next_due_at
+        return consumer, claimed, stats.due, stats.next_due_at
 
     # -- acks ----------------------------------------------------------------------------------
 
