@@ -615,3 +615,32 @@ async def test_raising_max_ack_pending_frees_a_waiting_pull(
     assert job["Message"]["MessageID"] == "b"
     # The new ackWait applies to that claim too.
     assert lease_seconds(job, await job_row(runtime, job["ID"])) == pytest.approx(9, abs=0.01)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_listener_survives_foreign_notifies_and_hears_wake_all(
+    client: httpx.AsyncClient,
+    k1: PullConsumer,
+    runtime: Runtime,
+    second_runtime: tuple[Runtime, httpx.AsyncClient],
+) -> None:
+    other, other_client = second_runtime
+    pk = await consumer_pk(other, "k1")
+    async with runtime.db.transaction() as tx:
+        for payload in ("hello", "1,x,,2", "", " "):
+            await tx.conn.execute(
+                text("SELECT pg_notify('webhook_broker_jobs', :p)"), {"p": payload}
+            )
+    await asyncio.sleep(0.5)
+    assert other.listener is not None and other.listener.ready.is_set()
+    # "*" wakes every waiter: a waiter with nothing to claim looks again and waits on.
+    waiting = asyncio.create_task(pull(other_client, k1, batch=5, expires=30))
+    await until_waiting(other, pk)
+    with other.signals.subscribe(pk) as woken:
+        async with runtime.db.transaction() as tx:
+            await tx.conn.execute(text("SELECT pg_notify('webhook_broker_jobs', '*')"))
+        await asyncio.wait_for(woken.wait(), timeout=5)
+    assert not waiting.done()
+    await publish(client, "still listening", message_id="ok")
+    r = await asyncio.wait_for(waiting, timeout=10)
+    assert [j["Message"]["MessageID"] for j in r.json()["Jobs"]] == ["ok"]

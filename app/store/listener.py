@@ -52,6 +52,22 @@ class NotifyListener:
                 # A bounded wait instead of cancelling the read: cancelling it mid-wait can
                 # leave the connection locked, so shutdown would stall on close.
                 async for notify in conn.notifies(timeout=STOP_CHECK_SECONDS):
-                    self._signals.wake(
-                        int(part) for part in notify.payload.split(",") if part.strip()
-                    )
+                    self.deliver(notify.payload)
+
+    def deliver(self, payload: str) -> None:
+        """Wake the consumers a NOTIFY names: "12,40", or "*" for everyone.
+
+        Anything else on the channel (a hand-typed NOTIFY, say) is logged and skipped: it must
+        not end the loop, or this process would stop hearing about jobs.
+        """
+        if payload.strip() == "*":
+            self._signals.wake_all()
+            return
+        pks = []
+        for part in payload.split(","):
+            try:
+                pks.append(int(part))
+            except ValueError:
+                if part.strip():
+                    log.warning("ignoring malformed wake-up %r on %s", part, NOTIFY_CHANNEL)
+        self._signals.wake(pks)
