@@ -11,6 +11,7 @@ from typing import Any
 from app.pipeline.charts import grouped_bars, line_chart, rate_bars
 
 MAX_SERIES = 10
+MAX_BARS = 20
 MAX_HOURLY_SPAN = timedelta(days=21)  # longer spans are drawn per day
 
 _CSS = """
@@ -99,22 +100,27 @@ def _throughput(consumers: Sequence[Mapping[str, Any]], hourly: Sequence[Mapping
 def render(report: Mapping[str, Any]) -> str:
     """The report as one HTML document that opens in any browser, offline."""
     consumers: list[Mapping[str, Any]] = list(report["consumers"])
-    labels = [consumer_label(c) for c in consumers]
+    charted = consumers
+    top = ""
+    if len(consumers) > MAX_BARS:
+        charted = sorted(consumers, key=lambda c: -c["jobs"])[:MAX_BARS]
+        top = f" (the {MAX_BARS} busiest consumers)"
+    labels = [consumer_label(c) for c in charted]
     totals = report["totals"]
     waits = grouped_bars(
         labels,
-        {p: [c[f"queue_wait_{p}_seconds"] for c in consumers] for p in ("p50", "p95", "p99")},
-        title="Queue wait (claim minus creation), seconds",
+        {p: [c[f"queue_wait_{p}_seconds"] for c in charted] for p in ("p50", "p95", "p99")},
+        title=f"Queue wait (claim minus creation), seconds{top}",
         y_label="seconds",
     )
     processing = grouped_bars(
         labels,
-        {p: [c[f"processing_{p}_seconds"] for c in consumers] for p in ("p50", "p95", "p99")},
-        title="Processing time (completion minus claim), seconds",
+        {p: [c[f"processing_{p}_seconds"] for c in charted] for p in ("p50", "p95", "p99")},
+        title=f"Processing time (completion minus claim), seconds{top}",
         y_label="seconds",
     )
     dead = rate_bars(
-        labels, [c["dead_letter_rate"] for c in consumers], title="Dead-letter rate per consumer"
+        labels, [c["dead_letter_rate"] for c in charted], title=f"Dead-letter rate{top}"
     )
     sources = report["sources"]
     cards = [

@@ -213,3 +213,14 @@ def test_report_html_renders_in_headless_chromium(
     ]
     assert len(blue) > 50
     shutil.copy(shot, Path(config.pipeline.report_root) / "report.png")
+
+
+def test_report_on_an_empty_broker(spark: SparkSession, pipeline: Config) -> None:
+    summary = run("all", pipeline, spark=spark)
+    assert summary["status"] == "ok", summary
+    assert summary["archive"]["batches"] == 0 and summary["report"]["jobs"] == 0
+    report = json.loads((Path(pipeline.pipeline.report_root) / "report.json").read_text())
+    assert report["consumers"] == [] and report["hourly"] == []
+    assert report["totals"]["jobs"] == 0 and report["totals"]["dead_letter_rate"] is None
+    html = (Path(pipeline.pipeline.report_root) / "report.html").read_text()
+    assert html.count("no data yet") == 4

@@ -78,23 +78,27 @@ def test_page_is_self_contained() -> None:
             for p in ("p50", "p95", "p99")
         },
     }
-    page = render(
-        {
-            "generated_at": "2026-01-01T00:00:00+00:00",
-            "sources": {"archive_batches": 1, "archived_jobs": 1, "live_jobs": 1},
-            "totals": stats,
-            "channels": [stats],
-            "consumers": [stats],
-            "hourly": [
-                {
-                    "channel_id": "c",
-                    "consumer_id": "k",
-                    "hour": "2026-01-01T00:00:00+00:00",
-                    "delivered": 1,
-                    "dead": 1,
-                }
-            ],
-        }
-    )
+    report: dict[str, object] = {
+        "generated_at": "2026-01-01T00:00:00+00:00",
+        "sources": {"archive_batches": 1, "archived_jobs": 1, "live_jobs": 1},
+        "totals": stats,
+        "channels": [stats],
+        "consumers": [stats],
+        "hourly": [
+            {
+                "channel_id": "c",
+                "consumer_id": "k",
+                "hour": "2026-01-01T00:00:00+00:00",
+                "delivered": 1,
+                "dead": 1,
+            }
+        ],
+    }
+    page = render(report)
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 4
     assert "<script" not in page and "src=" not in page and "href=" not in page
+    assert page.count('class="bar"') == 3 + 3 + 1  # wait, processing, dead-letter rate
+    many = [{**stats, "consumer_id": f"k{i}", "jobs": i} for i in range(25)]
+    crowded = render({**report, "consumers": many})
+    assert crowded.count('class="bar"') == 20 * 7  # the 20 busiest consumers are charted
+    assert "k24" in crowded and ">c/k0<" not in crowded.split("<table>")[0]
