@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
@@ -102,3 +104,14 @@ def test_page_is_self_contained() -> None:
     crowded = render({**report, "consumers": many})
     assert crowded.count('class="bar"') == 20 * 7  # the 20 busiest consumers are charted
     assert "k24" in crowded and ">c/k0<" not in crowded.split("<table>")[0]
+
+
+def test_pipeline_imports_no_api_store_services_or_bridge() -> None:
+    code = (
+        "import sys, app.pipeline.job\nprint(' '.join(m for m in sys.modules if m[:4] == 'app.'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = out.stdout.split()
+    assert "app.pipeline.job" in loaded
+    for forbidden in ("app.api", "app.store", "app.services", "app.bridge"):
+        assert not [m for m in loaded if m == forbidden or m.startswith(forbidden + ".")]
