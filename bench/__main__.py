@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -168,6 +169,10 @@ async def run(settings: Settings) -> int:
     runner = Runner(env)
     failures: list[str] = []
     meta: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    main_task = asyncio.current_task()
+    if main_task is not None:
+        # SIGTERM tears down like Ctrl-C: the children run in sessions of their own.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     try:
         runner.say(
             f"starting PostgreSQL, nats-server, receiver and {settings.api_procs} API "
