@@ -64,7 +64,6 @@ async def drain(url: str, stream: str, durable: str, args: argparse.Namespace) -
     """`args.workers` nats-py workers doing fetch(batch) + ack() until `args.jobs` messages are
     acked; returns acked messages per second."""
     import nats
-    from nats.errors import TimeoutError as NatsTimeout
 
     done = 0
     finished = asyncio.Event()
@@ -77,7 +76,7 @@ async def drain(url: str, stream: str, durable: str, args: argparse.Namespace) -
             while not finished.is_set():
                 try:
                     msgs = await psub.fetch(args.batch, timeout=1)
-                except NatsTimeout:
+                except TimeoutError:  # nats' own, or asyncio's from fetch()
                     continue
                 for msg in msgs:
                     await msg.ack()
