@@ -33,7 +33,7 @@ GUESS = {
     "pull-each": 1_500.0,
     "goproto": 1_000.0,
     "push": 1_500.0,
-    "jetstream": 20_000.0,
+    "jetstream": 45_000.0,
     "bridge": 10_000.0,
     "pgqueuer": 12_000.0,
     "publish": 5_000.0,
