@@ -88,11 +88,22 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def rdbms(backend: str, request: pytest.FixtureRequest) -> str:
+def rdbms(backend: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database for the test, dropped afterwards so the session ends quickly."""
     if backend == "postgresql":
         request.getfixturevalue("pg_template")
-        return fresh_database(backend, request.getfixturevalue("pg_base_url"), None)
-    return fresh_database(backend, None, request.getfixturevalue("sqlite_template"))
+        base = request.getfixturevalue("pg_base_url")
+        section = fresh_database(backend, base, None)
+        yield section
+        name = section.rstrip().rpartition("/")[2]
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        return
+    section = fresh_database(backend, None, request.getfixturevalue("sqlite_template"))
+    yield section
+    path = Path(section.rstrip().rpartition("connection-url=")[2])
+    for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        leftover.unlink(missing_ok=True)
 
 
 @pytest.fixture

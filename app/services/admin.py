@@ -188,6 +188,8 @@ class AdminService:
                 raise NotFound(f"consumer {consumer_id!r} not found in channel {channel_id!r}")
             check_unmodified_since(existing.updated_at, if_unmodified_since)
             await store.delete(existing.pk)
+            # Pulls waiting on this consumer re-check it, find it gone and return.
+            tx.announce([existing.pk])
 
     async def list_consumers(self, channel_id: str, cursor: Cursor) -> Page[Consumer]:
         async with self._db.transaction() as tx:

@@ -65,8 +65,13 @@ class Database:
         await self.engine.dispose()
 
 
+# PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; past this, wake every waiter.
+MAX_NOTIFY_PAYLOAD = 7000
+
+
 def _payload(consumer_pks: set[int]) -> str:
-    return ",".join(str(pk) for pk in sorted(consumer_pks))
+    payload = ",".join(str(pk) for pk in sorted(consumer_pks))
+    return payload if len(payload) <= MAX_NOTIFY_PAYLOAD else "*"
 
 
 def create_engine(config: DatabaseConfig) -> AsyncEngine:
