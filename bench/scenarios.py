@@ -33,7 +33,7 @@ GUESS = {
     "pull-each": 1_500.0,
     "goproto": 1_000.0,
     "push": 1_500.0,
-    "jetstream": 45_000.0,
+    "jetstream": 50_000.0,
     "bridge": 10_000.0,
     "pgqueuer": 12_000.0,
     "publish": 5_000.0,
@@ -529,6 +529,15 @@ class Runner:
     # -- NATS JetStream, and the bridge ----------------------------------------------------------
 
     async def jetstream(self) -> Measured:
+        """Real JetStream; run again, once, with a bigger stream if the backlog ran dry."""
+        m = await self._jetstream_once()
+        if any("ran out" in note for note in m.notes):
+            self.say(f"  JetStream: backlog ran out at {m.rate:,.0f} msgs/s; again, bigger")
+            self.rates["jetstream"] = m.rate * 1.6
+            m = await self._jetstream_once()
+        return self.keep(m)
+
+    async def _jetstream_once(self) -> Measured:
         import nats
 
         s, env = self.s, self.env
@@ -547,18 +556,8 @@ class Runner:
                 max_ack_pending=100_000,
                 ack_wait=60,
             )
-            count = self.need("jetstream", s.warmup + s.duration + 3, 50_000)
-            body = db.payload().encode()
-            for i in range(count):
-                await nc.publish("bench.jobs", body)
-                if i % 5000 == 4999:
-                    await nc.flush()
-            await nc.flush()
-            deadline = time.monotonic() + 120
-            while (await js.stream_info("BENCH")).state.messages < count:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("JetStream did not store the backlog in time")
-                await asyncio.sleep(0.2)
+            count = self.need("jetstream", s.warmup + s.duration + 1, 50_000)
+            await self.fill_stream(nc, js, count)
             spec = {
                 "mode": "jetstream",
                 "nats_url": env.nats_url,
@@ -591,7 +590,27 @@ class Runner:
             await nc.close()
         if m.rate > 0:
             self.rates["jetstream"] = m.rate
-        return self.keep(m)
+        return m
+
+    async def fill_stream(self, nc: Any, js: Any, count: int) -> None:
+        """`count` messages in the stream. Core publishes are not flow-controlled and JetStream
+        may drop some under a burst, so publish, see what was stored, and top up."""
+        body = db.payload().encode()
+        deadline = time.monotonic() + 120
+        stored = 0
+        while stored < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"JetStream stored {stored} of {count} messages in 2 minutes")
+            for i in range(count - stored):
+                await nc.publish("bench.jobs", body)
+                if i % 2000 == 1999:
+                    await nc.flush()
+            await nc.flush()
+            previous = -1
+            while stored != previous:  # until the stream stops growing
+                previous = stored
+                await asyncio.sleep(0.3)
+                stored = int((await js.stream_info("BENCH")).state.messages)
 
     async def measure_nats(
         self,
