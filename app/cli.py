@@ -8,8 +8,9 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from app.config import Config, ConfigError, load_config
 from app.logging import setup_logging
@@ -57,12 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         migrate(config)
         return 0
     if args.command == "bridge":
-        return asyncio.run(run_bridge(config))
+        return run_async(run_bridge(config))
     if args.command in ("sweeper", "dispatcher"):
-        return asyncio.run(run_worker(config, args.command))
+        return run_async(run_worker(config, args.command))
     if args.command == "serve":
         migrate(config)
     return run_api(config, with_sweeper=args.command == "serve")
+
+
+def run_async(main: Coroutine[Any, Any, int]) -> int:
+    """Run a background process on uvloop when it is installed (uvicorn[standard] brings it)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return asyncio.run(main)
 
 
 def migrate(config: Config) -> None:
@@ -139,7 +150,10 @@ async def run_worker(config: Config, command: str) -> int:
     from app.runtime import Runtime
 
     runtime = Runtime(
-        config, run_sweeper=command == "sweeper", run_dispatcher=command == "dispatcher"
+        config,
+        run_sweeper=command == "sweeper",
+        run_dispatcher=command == "dispatcher",
+        listen=command != "sweeper",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -150,7 +164,6 @@ async def run_worker(config: Config, command: str) -> int:
     await stop.wait()
     await runtime.stop()
     return 0
-
 
 
 async def run_bridge(config: Config) -> int:

@@ -32,6 +32,8 @@ class Runtime:
     config: Config
     run_sweeper: bool = False
     run_dispatcher: bool = False
+    # Only processes with waiters (API long polls, dispatcher, bridge) need NOTIFY wake-ups.
+    listen: bool = True
     signals: Signals = field(default_factory=Signals)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -65,7 +67,7 @@ class Runtime:
     async def start(self, *, seed: bool = True) -> None:
         if seed:
             await apply_seed(self.db, self.config.seed)
-        if self.config.database.dialect == "postgresql":
+        if self.listen and self.config.database.dialect == "postgresql":
             self.listener = NotifyListener(self.config.database.connection_url, self.signals)
             self._spawn(self.listener.run(self._stop), "notify-listener")
             with contextlib.suppress(TimeoutError):

@@ -15,7 +15,7 @@ from app.store.pagination import Cursor
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
-def runtime(request: Request) -> Runtime:
+async def runtime(request: Request) -> Runtime:
     rt = request.app.state.runtime
     assert isinstance(rt, Runtime)
     return rt
@@ -24,7 +24,7 @@ def runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(runtime)]
 
 
-def consumer_credentials(
+async def consumer_credentials(
     channel_id: str,
     consumer_id: str,
     channel_token: Annotated[str | None, Header(alias="X-Broker-Channel-Token")] = None,
@@ -36,14 +36,14 @@ def consumer_credentials(
 CredentialsDep = Annotated[ConsumerCredentials, Depends(consumer_credentials)]
 
 
-def cursor(next: str | None = None, previous: str | None = None) -> Cursor:
+async def cursor(next: str | None = None, previous: str | None = None) -> Cursor:
     return Cursor(next=next or None, previous=None if next else previous or None)
 
 
 CursorDep = Annotated[Cursor, Depends(cursor)]
 
 
-def require_admin(
+async def require_admin(
     rt: RuntimeDep,
     authorization: Annotated[str | None, Header()] = None,
 ) -> None:

@@ -5,33 +5,13 @@ from __future__ import annotations
 import hmac
 
 from app.domain.errors import Forbidden, NotFound, PreconditionFailed, Unauthenticated
-from app.domain.models import Consumer, ConsumerType, Stakeholder
+from app.domain.models import Consumer, ConsumerType
 from app.store.db import Tx
-from app.store.stakeholders import ConsumerStore, channels, producers
+from app.store.stakeholders import channel_and_producer_tokens, consumer_with_channel_token
 
 
 def tokens_match(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
-
-
-async def channel_with_token(tx: Tx, channel_id: str, token: str | None) -> Stakeholder:
-    """404 unknown channel, then 403 wrong channel token."""
-    channel = await channels(tx).get(channel_id)
-    if channel is None:
-        raise NotFound(f"channel {channel_id!r} not found")
-    if not tokens_match(token, channel.token):
-        raise Forbidden("channel token does not match")
-    return channel
-
-
-async def producer_with_token(tx: Tx, producer_id: str | None, token: str | None) -> Stakeholder:
-    """401 unknown producer, then 403 wrong producer token."""
-    producer = await producers(tx).get(producer_id) if producer_id else None
-    if producer is None:
-        raise Unauthenticated(f"producer {producer_id!r} does not exist")
-    if not tokens_match(token, producer.token):
-        raise Forbidden("producer token does not match")
-    return producer
 
 
 async def pull_consumer(
@@ -47,8 +27,12 @@ async def pull_consumer(
 
     Job reads and the dead-letter queue serve push consumers too (require_pull=False).
     """
-    await channel_with_token(tx, channel_id, channel_token)
-    consumer = await ConsumerStore(tx).get(channel_id, consumer_id)
+    found = await consumer_with_channel_token(tx, channel_id, consumer_id)
+    if found is None:
+        raise NotFound(f"channel {channel_id!r} not found")
+    expected_channel_token, consumer = found
+    if not tokens_match(channel_token, expected_channel_token):
+        raise Forbidden("channel token does not match")
     if consumer is None:
         raise Unauthenticated(f"consumer {consumer_id!r} does not exist in this channel")
     if not tokens_match(consumer_token, consumer.token):
@@ -56,3 +40,24 @@ async def pull_consumer(
     if require_pull and consumer.type is not ConsumerType.PULL:
         raise PreconditionFailed(f"consumer {consumer_id!r} is a push consumer")
     return consumer
+
+
+async def publishing_producer(
+    tx: Tx,
+    channel_id: str,
+    channel_token: str | None,
+    producer_id: str | None,
+    producer_token: str | None,
+) -> str:
+    """404 channel, 403 channel token, 401 unknown producer, 403 producer token; one query."""
+    found = await channel_and_producer_tokens(tx, channel_id, producer_id or "")
+    if found is None:
+        raise NotFound(f"channel {channel_id!r} not found")
+    expected_channel_token, expected_producer_token = found
+    if not tokens_match(channel_token, expected_channel_token):
+        raise Forbidden("channel token does not match")
+    if not producer_id or expected_producer_token is None:
+        raise Unauthenticated(f"producer {producer_id!r} does not exist")
+    if not tokens_match(producer_token, expected_producer_token):
+        raise Forbidden("producer token does not match")
+    return producer_id

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import overload
 
 from app.domain.errors import Conflict, InvalidInput, NotFound, TooManyWaiting
 from app.domain.jobs import AckType, JobStatus, RetryPolicy, check_seed_transition
@@ -25,6 +26,9 @@ from app.store.stakeholders import ConsumerStore
 # A waiter whose next job falls due later re-checks no sooner than this, so clock skew between
 # the database and this process can never turn waiting into a busy loop.
 MIN_RECHECK_SECONDS = 0.05
+
+# "Pending" in a pull response counts due jobs left up to this many.
+PENDING_COUNT_CAP = 1000
 # Job ids are BIGINT: anything larger names no job.
 MAX_JOB_ID = 2**63 - 1
 
@@ -234,7 +238,11 @@ class DeliveryService:
 
     async def pull(self, creds: ConsumerCredentials, request: PullRequest) -> PullResult:
         self.validate(request)
-        consumer = await self.authenticate(creds)
+        # The first claim authenticates in its own transaction: a pull that finds work costs
+        # one transaction, and only a pull that has to wait goes on to subscribe.
+        consumer, claimed, pending, _ = await self._claim_once(None, request, creds=creds)
+        if claimed or request.no_wait or request.expires <= 0:
+            return PullResult(claimed, pending)
         return await self.pull_for(consumer, request)
 
     async def pull_for(self, consumer: Consumer, request: PullRequest) -> PullResult:
@@ -268,14 +276,33 @@ class DeliveryService:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), timeout=timeout)
 
+    @overload
+    async def _claim_once(
+        self, consumer: None, request: PullRequest, *, creds: ConsumerCredentials
+    ) -> tuple[Consumer, list[ClaimedJob], int, datetime | None]: ...
+
+    @overload
     async def _claim_once(
         self, consumer: Consumer, request: PullRequest, *, refresh: bool = False
+    ) -> tuple[Consumer, list[ClaimedJob], int, datetime | None] | None: ...
+
+    async def _claim_once(
+        self,
+        consumer: Consumer | None,
+        request: PullRequest,
+        *,
+        refresh: bool = False,
+        creds: ConsumerCredentials | None = None,
     ) -> tuple[Consumer, list[ClaimedJob], int, datetime | None] | None:
         """One claim: the consumer as used, the jobs, due jobs left, and when the next is due.
 
-        None when `refresh` finds the consumer deleted or no longer a pull consumer.
+        With `creds` it authenticates first, in the same transaction. None when `refresh`
+        finds the consumer deleted or no longer a pull consumer.
         """
         async with self._db.transaction() as tx:
+            if creds is not None:
+                consumer = await self._consumer(tx, creds)
+            assert consumer is not None
             if refresh:
                 fresh = await ConsumerStore(tx).get_by_pk(consumer.pk)
                 if fresh is None or fresh.type is not ConsumerType.PULL:
@@ -290,8 +317,20 @@ class DeliveryService:
                 max_bytes=request.max_bytes,
                 max_ack_pending=consumer.max_ack_pending,
             )
-            stats = await store.stats(consumer.pk)
-        return consumer, claimed, stats.due, stats.next_due_at
+            if (
+                len(claimed) < request.batch
+                and request.max_bytes is None
+                and consumer.max_ack_pending is None
+            ):
+                # A short batch with no other limit means nothing due was left unclaimed
+                # (rows skipped as locked belong to concurrent claims).
+                pending = 0
+            else:
+                pending = await store.due_count(consumer.pk, PENDING_COUNT_CAP)
+            next_due = None
+            if not claimed and pending == 0:
+                next_due = await store.next_due([consumer.pk])
+        return consumer, claimed, pending, next_due
 
     # -- acks ----------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from app.domain.errors import InvalidInput, PayloadTooLarge
 from app.domain.models import Message
-from app.services.auth import channel_with_token, producer_with_token
+from app.services.auth import publishing_producer
 from app.store.db import Database
 from app.store.messages import MessageStore
 
@@ -86,8 +86,9 @@ class PublishingService:
 
     async def publish(self, channel_id: str, request: Broadcast) -> Message:
         async with self._db.transaction() as tx:
-            await channel_with_token(tx, channel_id, request.channel_token)
-            producer = await producer_with_token(tx, request.producer_id, request.producer_token)
+            producer_id = await publishing_producer(
+                tx, channel_id, request.channel_token, request.producer_id, request.producer_token
+            )
             if not request.payload:
                 raise InvalidInput("the message body must not be empty")
             if len(request.payload) > self._max_size:
@@ -107,7 +108,7 @@ class PublishingService:
             message, consumer_pks = await MessageStore(tx).publish(
                 channel_id=channel_id,
                 message_id=message_id,
-                producer_id=producer.id,
+                producer_id=producer_id,
                 payload=request.payload,
                 content_type=content_type,
                 priority=parse_priority(request.priority),

@@ -89,7 +89,9 @@ def create_engine(config: DatabaseConfig) -> AsyncEngine:
         pool_size=config.pool_size,
         max_overflow=config.max_overflow,
         pool_recycle=config.pool_recycle_seconds or -1,
-        pool_pre_ping=True,
+        # No pre-ping: it costs a round trip per transaction. A connection the server dropped
+        # fails its statement once, is discarded by the pool, and the next request gets a new one.
+        pool_pre_ping=False,
         # Statement parameters hold tokens; tracebacks of database errors must not show them.
         hide_parameters=True,
     )

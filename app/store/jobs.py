@@ -13,9 +13,12 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
+    Integer,
     Row,
     and_,
+    bindparam,
     case,
     delete,
     func,
@@ -25,12 +28,13 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ClaimedJob, Job, Message, Page
 from app.store.db import Tx, now, plus_seconds
-from app.store.messages import message_from_row
+from app.store.messages import message_from_mapping, message_from_row
 from app.store.pagination import Cursor, decode_cursor, encode_cursor
 from app.store.schema import consumer, job, message
 
@@ -141,10 +145,31 @@ class JobStore:
             )
             .returning(*job.c)
         )
+        if self._tx.dialect == "postgresql":
+            return await self._claim_with_messages(claim_jobs)
         jobs = [job_from_row(row) for row in await self._tx.conn.execute(claim_jobs)]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         messages = await self._messages({j.message_pk for j in jobs})
         return [ClaimedJob(j, messages[j.message_pk]) for j in jobs]
+
+    async def _claim_with_messages(self, claim_jobs: Any) -> list[ClaimedJob]:
+        """PostgreSQL: the claim UPDATE and the read of its messages in one round trip."""
+        claimed = claim_jobs.cte("claimed")
+        query = (
+            select(claimed, *(column.label(f"m_{column.name}") for column in message.c))
+            .join(message, message.c.pk == claimed.c.message_pk)
+            .order_by(claimed.c.priority.desc(), claimed.c.id)
+        )
+        result = []
+        for row in await self._tx.conn.execute(query):
+            fields = row._mapping
+            result.append(
+                ClaimedJob(
+                    job_from_row(row),
+                    message_from_mapping({c.name: fields[f"m_{c.name}"] for c in message.c}),
+                )
+            )
+        return result
 
     async def _inflight_locked(self, consumer_pk: int) -> int:
         """In-flight count under the consumer row's lock, so max-ack-pending holds under races.
@@ -176,6 +201,25 @@ class JobStore:
         )
         value: datetime | None = (await self._tx.conn.execute(query)).scalar_one()
         return value
+
+    async def due_count(self, consumer_pk: int, cap: int) -> int:
+        """Due queued jobs of the consumer, counted up to `cap`.
+
+        The cap keeps this off the backlog's size: an exact count of millions of queued
+        jobs on every pull would cost more than the claim itself.
+        """
+        due = (
+            select(job.c.id)
+            .where(
+                job.c.consumer_pk == consumer_pk,
+                job.c.status == QUEUED,
+                job.c.earliest_next_attempt_at <= self._now,
+            )
+            .limit(cap)
+            .subquery()
+        )
+        query = select(func.count()).select_from(due)
+        return int((await self._tx.conn.execute(query)).scalar_one())
 
     async def stats(self, consumer_pk: int) -> QueueStats:
         """Due queued jobs (count and bytes), when the next one falls due, and in-flight count."""
@@ -349,6 +393,24 @@ class JobStore:
     def _inflight(
         self, consumer_pk: int, targets: Sequence[tuple[int, int | None]]
     ) -> list[ColumnElement[bool]]:
+        if self._tx.dialect == "postgresql":
+            # One (id, attempt) array pair joined with UPDATE ... FROM: the statement text is the
+            # same for every batch size, and each row is found through the primary key. A NULL
+            # attempt means "any attempt" (an ack that names none).
+            given = (
+                func.unnest(
+                    bindparam("ack_ids", [i for i, _ in targets], type_=ARRAY(BigInteger())),
+                    bindparam("ack_attempts", [a for _, a in targets], type_=ARRAY(Integer())),
+                )
+                .table_valued("id", "attempt")
+                .render_derived(name="acked")
+            )
+            return [
+                job.c.id == given.c.id,
+                or_(given.c.attempt.is_(None), job.c.attempt == given.c.attempt),
+                job.c.consumer_pk == consumer_pk,
+                job.c.status == INFLIGHT,
+            ]
         fenced = [(i, a) for i, a in targets if a is not None]
         loose = [i for i, a in targets if a is None]
         matches: list[ColumnElement[bool]] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Row, func, insert, literal, select
@@ -16,19 +17,23 @@ from app.store.schema import consumer, job, message
 
 
 def message_from_row(row: Row[Any]) -> Message:
-    headers = row.headers
+    return message_from_mapping(row._mapping)
+
+
+def message_from_mapping(row: Mapping[Any, Any]) -> Message:
+    headers = row["headers"]
     if isinstance(headers, str):
         headers = json.loads(headers)
     return Message(
-        pk=row.pk,
-        channel_id=row.channel_id,
-        message_id=row.message_id,
-        producer_id=row.producer_id,
-        payload=bytes(row.payload),
-        content_type=row.content_type,
-        priority=row.priority,
+        pk=row["pk"],
+        channel_id=row["channel_id"],
+        message_id=row["message_id"],
+        producer_id=row["producer_id"],
+        payload=bytes(row["payload"]),
+        content_type=row["content_type"],
+        priority=row["priority"],
         headers=dict(headers or {}),
-        received_at=row.received_at,
+        received_at=row["received_at"],
     )
 
 

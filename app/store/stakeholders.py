@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Table, delete, insert, select, update
+from sqlalchemy import Row, Table, and_, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.models import Consumer, ConsumerType, Page, Stakeholder
@@ -146,3 +146,41 @@ class ConsumerStore:
         ).all()
         items, next_cursor, previous_cursor = page_bounds(rows, cursor, limit, "consumer_id")
         return Page([consumer_from_row(row) for row in items], next_cursor, previous_cursor)
+
+
+async def consumer_with_channel_token(
+    tx: Tx, channel_id: str, consumer_id: str
+) -> tuple[str, Consumer | None] | None:
+    """The channel's token and the consumer, in one round trip; None when no such channel.
+
+    Every pull and ack authenticates first, so this sits on the hot path.
+    """
+    query = (
+        select(channel.c.token.label("channel_token"), *consumer.c)
+        .select_from(
+            channel.outerjoin(
+                consumer,
+                and_(consumer.c.channel_id == channel.c.id, consumer.c.consumer_id == consumer_id),
+            )
+        )
+        .where(channel.c.id == channel_id)
+    )
+    row = (await tx.conn.execute(query)).first()
+    if row is None:
+        return None
+    return row.channel_token, consumer_from_row(row) if row.pk is not None else None
+
+
+async def channel_and_producer_tokens(
+    tx: Tx, channel_id: str, producer_id: str
+) -> tuple[str, str | None] | None:
+    """The channel's token and the producer's (None if unknown); None when no such channel."""
+    query = (
+        select(channel.c.token.label("channel_token"), producer.c.token.label("producer_token"))
+        .select_from(channel.outerjoin(producer, producer.c.id == producer_id))
+        .where(channel.c.id == channel_id)
+    )
+    row = (await tx.conn.execute(query)).first()
+    if row is None:
+        return None
+    return row.channel_token, row.producer_token
