@@ -98,7 +98,10 @@ class BridgeService:
                 max_ack_pending=consumer.max_ack_pending,
             )
             bridge = BridgeStore(tx)
-            due, next_due_at = await bridge.due_after_claim(consumer.pk, PENDING_COUNT_CAP)
+            # A short batch without a byte or ack-pending limit left nothing due unclaimed.
+            short = len(claimed) < limit and max_bytes is None and consumer.max_ack_pending is None
+            due = 0 if short else await jobs.due_count(consumer.pk, PENDING_COUNT_CAP)
+            next_due_at = None if due or claimed else await jobs.next_due([consumer.pk])
             seqs = await bridge.next_delivery_seqs(len(claimed))
             if claimed:
                 await bridge.record_delivery(consumer.pk, seqs[-1], max(c.job.id for c in claimed))
@@ -149,5 +152,4 @@ class BridgeService:
 
     async def last_delivery(self, consumer: Consumer) -> tuple[int, int]:
         async with self._db.transaction() as tx:
-            state = await BridgeStore(tx).delivery_state(consumer.pk)
-        return state.last_delivery_seq, state.last_stream_seq
+            return await BridgeStore(tx).last_sequences(consumer.pk)

@@ -82,6 +82,17 @@ class BridgeStore:
         )
         await self._tx.conn.execute(stmt)
 
+    async def last_sequences(self, consumer_pk: int) -> tuple[int, int]:
+        """The last delivery sequence and the last job id handed out (0, 0 before any)."""
+        row = (
+            await self._tx.conn.execute(
+                select(
+                    bridge_consumer.c.last_delivery_seq, bridge_consumer.c.last_stream_seq
+                ).where(bridge_consumer.c.consumer_pk == consumer_pk)
+            )
+        ).first()
+        return (int(row.last_delivery_seq), int(row.last_stream_seq)) if row else (0, 0)
+
     async def delivery_state(self, consumer_pk: int) -> DeliveryState:
         row = (
             await self._tx.conn.execute(
@@ -133,34 +144,6 @@ class BridgeStore:
             )
         )
         return int(result.rowcount or 0)
-
-    async def due_after_claim(self, consumer_pk: int, cap: int) -> tuple[int, datetime | None]:
-        """Due queued jobs left, counted up to `cap` (exact below it), and when the next one
-        falls due if none is due now. Cheaper than JobStore.stats on a deep backlog: it stops
-        counting at `cap`, and looks for the next due time only when nothing is due."""
-        due_now = (
-            select(job.c.id)
-            .where(
-                job.c.consumer_pk == consumer_pk,
-                job.c.status == QUEUED,
-                job.c.earliest_next_attempt_at <= self._now,
-            )
-            .limit(cap)
-            .subquery()
-        )
-        due = int(
-            (await self._tx.conn.execute(select(func.count()).select_from(due_now))).scalar_one()
-        )
-        if due:
-            return due, None
-        next_due = (
-            await self._tx.conn.execute(
-                select(func.min(job.c.earliest_next_attempt_at)).where(
-                    job.c.consumer_pk == consumer_pk, job.c.status == QUEUED
-                )
-            )
-        ).scalar_one()
-        return 0, next_due
 
     async def channel_ids(self) -> list[str]:
         rows = await self._tx.conn.execute(select(channel.c.id).order_by(channel.c.id))
