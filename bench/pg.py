@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL cluster for one benchmark run (initdb into a temp dir, unused port).
 
-Like tests/pgcluster.py, but tuned for throughput (bigger shared buffers) and with
-pg_stat_statements loaded, so every run can say which statements each scenario issued.
+The test suite starts it too (tests/conftest.py). For benchmarks it is tuned for throughput
+(bigger shared buffers) and loads pg_stat_statements, so every run can say which statements
+each scenario issued.
 fsync and synchronous_commit are off unless `durable` is set: the pgbench ceiling runs on the
 same cluster with the same settings, so the ratios stay fair either way.
 """
@@ -36,13 +37,16 @@ def free_port() -> int:
 class Cluster:
     """initdb refuses to run as root, so as root the cluster runs as the `postgres` user."""
 
-    def __init__(self, *, durable: bool = False, shared_buffers: str = "1GB") -> None:
+    def __init__(
+        self, *, durable: bool = False, shared_buffers: str = "1GB", statements: bool = True
+    ) -> None:
         self.bindir = pg_bindir()
         self.root = Path(tempfile.mkdtemp(prefix="wb-bench-pg-"))
         self.data = self.root / "data"
         self.port = free_port()
         self.durable = durable
         self.shared_buffers = shared_buffers
+        self.statements = statements
         self._as_root = os.geteuid() == 0
         self.started = False
 
@@ -76,11 +80,14 @@ class Cluster:
             "listen_addresses": "127.0.0.1",
             "max_connections": "400",
             "shared_buffers": self.shared_buffers,
-            "shared_preload_libraries": "pg_stat_statements",
-            "pg_stat_statements.track_utility": "on",
             "max_wal_size": "4GB",
             "checkpoint_timeout": "15min",
         }
+        if self.statements:
+            settings |= {
+                "shared_preload_libraries": "pg_stat_statements",
+                "pg_stat_statements.track_utility": "on",
+            }
         if not self.durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
         options = f"-p {self.port} -k {self.root} " + " ".join(

@@ -68,11 +68,12 @@ def _database(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from tests.pgcluster import Cluster  # the same throwaway server the tests start
+    from bench.pg import Cluster
 
     cluster = Cluster()
     try:
-        yield cluster.start()
+        cluster.start()
+        yield cluster.base_url
     finally:
         cluster.stop()
 

@@ -18,7 +18,7 @@ from app.api.app import create_app
 from app.config import Config, load_config_text
 from app.runtime import Runtime
 from app.store.migrate import upgrade
-from tests.pgcluster import Cluster
+from bench.pg import Cluster
 
 TEMPLATE_DB = "wb_template"
 _counter = itertools.count()
@@ -35,8 +35,9 @@ def pg_base_url() -> Iterator[str]:
     if given:
         yield given
         return
-    cluster = Cluster()
-    url = cluster.start()
+    cluster = Cluster(shared_buffers="128MB", statements=False)
+    cluster.start()
+    url = cluster.base_url
     try:
         yield url
     finally:

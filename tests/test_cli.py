@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.pgcluster import free_port
+from bench.pg import free_port
 
 EXECUTABLE = Path(sys.executable).with_name("webhook-broker")
 START_TIMEOUT = 60.0

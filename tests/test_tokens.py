@@ -14,8 +14,8 @@ from app.api.app import create_app
 from app.config import Config, LogConfig, load_config_text
 from app.logging import setup_logging
 from app.runtime import Runtime
+from bench.pg import free_port
 from tests.helpers_api import FORM_TYPE, publish_headers, put_form
-from tests.pgcluster import free_port
 
 ADMIN = "admin-7f3c0e"
 SEEDED = {

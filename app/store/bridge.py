@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.jobs import JobStatus
 from app.store.db import Tx, now
+from app.store.jobs import status_in, status_is
 from app.store.schema import bridge_consumer, bridge_counter, channel, job
 
 # The one database sequence behind every delivery's consumer_seq (migration 0002_bridge).
@@ -104,7 +105,7 @@ class BridgeStore:
             )
         ).first()
         delivered = job.c.attempt >= 1
-        open_ = job.c.status.in_((QUEUED, INFLIGHT))
+        open_ = status_in(QUEUED, INFLIGHT)
         counts = (
             await self._tx.conn.execute(
                 select(
@@ -132,7 +133,7 @@ class BridgeStore:
             update(job)
             .where(
                 job.c.consumer_pk == consumer_pk,
-                job.c.status == INFLIGHT,
+                status_is(INFLIGHT),
                 tuple_(job.c.id, job.c.attempt).in_(list(targets)),
             )
             .values(

@@ -23,6 +23,7 @@ from sqlalchemy import (
     delete,
     func,
     literal,
+    literal_column,
     or_,
     select,
     tuple_,
@@ -42,6 +43,20 @@ QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
 DELIVERED = JobStatus.DELIVERED.value
 DEAD = JobStatus.DEAD.value
+
+
+def status_is(status: str) -> ColumnElement[bool]:
+    """`job.status = '<status>'` with the value inline, not bound.
+
+    The claim and sweep indexes are partial (WHERE status = 'QUEUED' / 'INFLIGHT'). A bound
+    parameter hides the value from a generic prepared plan, which then cannot use them and
+    scans the whole backlog instead.
+    """
+    return job.c.status == literal_column(f"'{JobStatus(status).value}'")
+
+
+def status_in(*statuses: str) -> ColumnElement[bool]:
+    return or_(*(status_is(s) for s in statuses))
 
 
 def job_from_row(row: Row[Any]) -> Job:
@@ -115,7 +130,7 @@ class JobStore:
                 job.c.consumer_pk == consumer_pk
                 if isinstance(consumer_pk, int)
                 else job.c.consumer_pk.in_(consumer_pk),
-                job.c.status == QUEUED,
+                status_is(QUEUED),
                 job.c.earliest_next_attempt_at <= self._now,
             )
             .order_by(job.c.priority.desc(), job.c.id)
@@ -134,7 +149,7 @@ class JobStore:
             chosen = job.c.id.in_(ids)
         claim_jobs = (
             update(job)
-            .where(chosen, job.c.status == QUEUED)
+            .where(chosen, status_is(QUEUED))
             .values(
                 status=INFLIGHT,
                 attempt=job.c.attempt + 1,
@@ -182,9 +197,7 @@ class JobStore:
             .where(consumer.c.pk == consumer_pk)
             .with_for_update(key_share=True)
         )
-        count = select(func.count()).where(
-            job.c.consumer_pk == consumer_pk, job.c.status == INFLIGHT
-        )
+        count = select(func.count()).where(job.c.consumer_pk == consumer_pk, status_is(INFLIGHT))
         return int((await self._tx.conn.execute(count)).scalar_one())
 
     async def _messages(self, pks: Iterable[int]) -> dict[int, Message]:
@@ -197,7 +210,7 @@ class JobStore:
     async def next_due(self, consumer_pks: Sequence[int]) -> datetime | None:
         """When the earliest queued job of these consumers falls due (None: nothing queued)."""
         query = select(func.min(job.c.earliest_next_attempt_at)).where(
-            job.c.consumer_pk.in_(consumer_pks), job.c.status == QUEUED
+            job.c.consumer_pk.in_(consumer_pks), status_is(QUEUED)
         )
         value: datetime | None = (await self._tx.conn.execute(query)).scalar_one()
         return value
@@ -212,7 +225,7 @@ class JobStore:
             select(job.c.id)
             .where(
                 job.c.consumer_pk == consumer_pk,
-                job.c.status == QUEUED,
+                status_is(QUEUED),
                 job.c.earliest_next_attempt_at <= self._now,
             )
             .limit(cap)
@@ -224,13 +237,13 @@ class JobStore:
     async def stats(self, consumer_pk: int) -> QueueStats:
         """Due queued jobs (count and bytes), when the next one falls due, and in-flight count."""
         is_due = job.c.earliest_next_attempt_at <= self._now
-        queued = job.c.status == QUEUED
+        queued = status_is(QUEUED)
         query = select(
             func.count().filter(queued, is_due),
             func.coalesce(func.sum(job.c.payload_size).filter(queued, is_due), 0),
             func.min(job.c.earliest_next_attempt_at).filter(queued),
-            func.count().filter(job.c.status == INFLIGHT),
-        ).where(job.c.consumer_pk == consumer_pk, job.c.status.in_((QUEUED, INFLIGHT)))
+            func.count().filter(status_is(INFLIGHT)),
+        ).where(job.c.consumer_pk == consumer_pk, status_in(QUEUED, INFLIGHT))
         due, due_bytes, next_due, inflight = (await self._tx.conn.execute(query)).one()
         return QueueStats(int(due), int(due_bytes), next_due, int(inflight))
 
@@ -264,7 +277,7 @@ class JobStore:
         """Due queued jobs in delivery order, keyset-paginated on (priority desc, id)."""
         query = select(job).where(
             job.c.consumer_pk == consumer_pk,
-            job.c.status == QUEUED,
+            status_is(QUEUED),
             job.c.earliest_next_attempt_at <= self._now,
         )
         if cursor.next is not None:
@@ -285,7 +298,7 @@ class JobStore:
         return Page([ClaimedJob(j, messages[j.message_pk]) for j in jobs], next_cursor)
 
     async def dead(self, consumer_pk: int, cursor: Cursor, limit: int) -> Page[Job]:
-        query = select(job).where(job.c.consumer_pk == consumer_pk, job.c.status == DEAD)
+        query = select(job).where(job.c.consumer_pk == consumer_pk, status_is(DEAD))
         if cursor.next is not None:
             query = query.where(job.c.id > _cursor_int(decode_cursor(cursor.next)))
         rows = (await self._tx.conn.execute(query.order_by(job.c.id).limit(limit + 1))).all()
@@ -409,7 +422,7 @@ class JobStore:
                 job.c.id == given.c.id,
                 or_(given.c.attempt.is_(None), job.c.attempt == given.c.attempt),
                 job.c.consumer_pk == consumer_pk,
-                job.c.status == INFLIGHT,
+                status_is(INFLIGHT),
             ]
         fenced = [(i, a) for i, a in targets if a is not None]
         loose = [i for i, a in targets if a is None]
@@ -418,11 +431,11 @@ class JobStore:
             matches.append(tuple_(job.c.id, job.c.attempt).in_(fenced))
         if loose:
             matches.append(job.c.id.in_(loose))
-        return [job.c.consumer_pk == consumer_pk, job.c.status == INFLIGHT, or_(*matches)]
+        return [job.c.consumer_pk == consumer_pk, status_is(INFLIGHT), or_(*matches)]
 
     async def requeue_dead(self, consumer_pk: int, job_id: int | None = None) -> list[Job]:
         """DEAD -> QUEUED with a fresh retry budget (one job, or the consumer's whole DLQ)."""
-        where = [job.c.consumer_pk == consumer_pk, job.c.status == DEAD]
+        where = [job.c.consumer_pk == consumer_pk, status_is(DEAD)]
         if job_id is not None:
             where.append(job.c.id == job_id)
         return await self._transition(
@@ -437,9 +450,7 @@ class JobStore:
 
     async def delete_dead(self, consumer_pk: int, job_id: int) -> bool:
         result = await self._tx.conn.execute(
-            delete(job).where(
-                job.c.id == job_id, job.c.consumer_pk == consumer_pk, job.c.status == DEAD
-            )
+            delete(job).where(job.c.id == job_id, job.c.consumer_pk == consumer_pk, status_is(DEAD))
         )
         return bool(result.rowcount)
 
@@ -453,7 +464,7 @@ class JobStore:
         """
         expired = (
             select(job.c.id)
-            .where(job.c.status == INFLIGHT, job.c.lease_expires_at < self._now)
+            .where(status_is(INFLIGHT), job.c.lease_expires_at < self._now)
             .order_by(job.c.lease_expires_at)
             .limit(batch)
             .with_for_update(skip_locked=True)
@@ -461,7 +472,7 @@ class JobStore:
         values = self._failure_values(policy, None, "lease expired with no retries left")
         values["timeout_count"] = job.c.timeout_count + 1
         return await self._transition(
-            [job.c.id.in_(expired.scalar_subquery()), job.c.status == INFLIGHT], values
+            [job.c.id.in_(expired.scalar_subquery()), status_is(INFLIGHT)], values
         )
 
 

@@ -20,7 +20,7 @@ import pytest
 from app.bridge.bridge import Bridge
 from app.config import Config, NatsConfig
 from app.runtime import Runtime
-from tests.pgcluster import free_port
+from bench.pg import free_port
 
 ACK_WAIT = 2
 MAX_RETRY = 4
