@@ -228,6 +228,9 @@ class JobStore:
                 status_is(QUEUED),
                 job.c.earliest_next_attempt_at <= self._now,
             )
+            # The claim's order: an index scan of ix_job_claim that stops after `cap` rows,
+            # where an unordered count would bitmap-scan the consumer's whole backlog first.
+            .order_by(job.c.priority.desc(), job.c.id)
             .limit(cap)
             .subquery()
         )
