@@ -24,6 +24,7 @@ from app.store.signals import ANY_CONSUMER, Signals
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Broker-Signature"
+CLAIM_CHUNK = 32
 
 
 def sign(token: str, timestamp: int, body: bytes) -> str:
@@ -98,14 +99,17 @@ class Dispatcher:
         free = self._max_workers - len(self._tasks)
         if free <= 0:
             return self._idle
-        claim = await self._push.claim(free)
+        # Claim in chunks: a lease starts at the claim, so claiming hundreds at once would let
+        # the last of them wait out much of their lease before their request even starts.
+        limit = min(free, CLAIM_CHUNK)
+        claim = await self._push.claim(limit)
         for job in claim.jobs:
             task = asyncio.create_task(self._deliver(job), name=f"push-{job.claimed.job.id}")
             self._tasks.add(task)
             task.add_done_callback(self._finished)
-        if len(claim.jobs) == free:
-            # Every slot is busy now; a finishing delivery wakes the loop for the next claim.
-            return self._idle
+        if len(claim.jobs) == limit:
+            # More may be due: claim again at once, or, with every slot busy, when one frees.
+            return 0.0 if limit < free else self._idle
         if claim.next_due_at is None:
             return self._idle
         until_due = (claim.next_due_at - datetime.now(UTC)).total_seconds()

@@ -187,10 +187,7 @@ class DeliveryService:
             store = JobStore(tx)
             jid = parse_job_id(job_id)
             if not await store.requeue_dead(consumer.pk, jid):
-                current = await store.get(jid, consumer.pk)
-                if current is None:
-                    raise NotFound(f"job {job_id!r} not found for this consumer")
-                raise InvalidInput(f"job {job_id} is {current.status}, not DEAD")
+                await _explain_not_dead(store, consumer, jid, "only DEAD jobs are requeued")
             tx.announce([consumer.pk])
 
     async def dead_jobs(self, creds: ConsumerCredentials, cursor: Cursor, limit: int) -> Page[Job]:
@@ -212,10 +209,7 @@ class DeliveryService:
             store = JobStore(tx)
             jid = parse_job_id(job_id)
             if not await store.delete_dead(consumer.pk, jid):
-                current = await store.get(jid, consumer.pk)
-                if current is None:
-                    raise NotFound(f"job {job_id!r} not found for this consumer")
-                raise InvalidInput(f"job {job_id} is {current.status}; only DEAD jobs are deleted")
+                await _explain_not_dead(store, consumer, jid, "only DEAD jobs are deleted")
 
     # -- batch claims with long polling --------------------------------------------------------
 
@@ -437,3 +431,11 @@ class DeliveryService:
         # Only a consumer capped by max-ack-pending has pulls waiting for in-flight jobs to end.
         if consumer.max_ack_pending is not None:
             tx.announce([consumer.pk])
+
+
+async def _explain_not_dead(store: JobStore, consumer: Consumer, job_id: int, rule: str) -> None:
+    """Why a dead-letter operation changed nothing: no such job (404) or not DEAD (400)."""
+    current = await store.get(job_id, consumer.pk)
+    if current is None:
+        raise NotFound(f"job {job_id} not found for this consumer")
+    raise InvalidInput(f"job {job_id} is {current.status}; {rule}")
