@@ -20,7 +20,6 @@ from app.store.stakeholders import ConsumerStore, channels
 
 # The `pending` token of ack subjects (nats-py `num_pending`) is exact up to this many due
 # jobs; counting a deep backlog exactly on every claim would cost more than the claim.
-PENDING_COUNT_CAP = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +97,13 @@ class BridgeService:
                 max_ack_pending=consumer.max_ack_pending,
             )
             bridge = BridgeStore(tx)
-            # A short batch without a byte or ack-pending limit left nothing due unclaimed.
-            short = len(claimed) < limit and max_bytes is None and consumer.max_ack_pending is None
-            due = 0 if short else await jobs.due_count(consumer.pk, PENDING_COUNT_CAP)
-            next_due_at = None if due or claimed else await jobs.next_due([consumer.pk])
+            due, next_due_at = await jobs.left_after_claim(
+                consumer.pk,
+                claimed=len(claimed),
+                limit=limit,
+                max_bytes=max_bytes,
+                max_ack_pending=consumer.max_ack_pending,
+            )
             seqs = await bridge.next_delivery_seqs(len(claimed))
             if claimed:
                 await bridge.record_delivery(consumer.pk, seqs[-1], max(c.job.id for c in claimed))

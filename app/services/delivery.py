@@ -26,9 +26,6 @@ from app.store.stakeholders import ConsumerStore
 # A waiter whose next job falls due later re-checks no sooner than this, so clock skew between
 # the database and this process can never turn waiting into a busy loop.
 MIN_RECHECK_SECONDS = 0.05
-
-# "Pending" in a pull response counts due jobs left up to this many.
-PENDING_COUNT_CAP = 1000
 # Job ids are BIGINT: anything larger names no job.
 MAX_JOB_ID = 2**63 - 1
 
@@ -311,19 +308,13 @@ class DeliveryService:
                 max_bytes=request.max_bytes,
                 max_ack_pending=consumer.max_ack_pending,
             )
-            if (
-                len(claimed) < request.batch
-                and request.max_bytes is None
-                and consumer.max_ack_pending is None
-            ):
-                # A short batch with no other limit means nothing due was left unclaimed
-                # (rows skipped as locked belong to concurrent claims).
-                pending = 0
-            else:
-                pending = await store.due_count(consumer.pk, PENDING_COUNT_CAP)
-            next_due = None
-            if not claimed and pending == 0:
-                next_due = await store.next_due([consumer.pk])
+            pending, next_due = await store.left_after_claim(
+                consumer.pk,
+                claimed=len(claimed),
+                limit=request.batch,
+                max_bytes=request.max_bytes,
+                max_ack_pending=consumer.max_ack_pending,
+            )
         return consumer, claimed, pending, next_due
 
     # -- acks ----------------------------------------------------------------------------------

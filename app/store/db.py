@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
-from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -124,7 +123,3 @@ def plus_seconds(
     if dialect == "sqlite":
         return moment + seconds
     return moment + cast(seconds, Float) * literal_column("interval '1 second'")
-
-
-def dialect_name(dialect: Dialect) -> str:
-    return "sqlite" if dialect.name == "sqlite" else "postgresql"

@@ -39,6 +39,10 @@ from app.store.messages import message_from_mapping, message_from_row
 from app.store.pagination import Cursor, decode_cursor, encode_cursor
 from app.store.schema import consumer, job, message
 
+# Pull responses and ack subjects count due jobs left up to this many: an exact count of a
+# deep backlog on every claim would cost more than the claim itself.
+PENDING_COUNT_CAP = 1000
+
 QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
 DELIVERED = JobStatus.DELIVERED.value
@@ -214,6 +218,27 @@ class JobStore:
         )
         value: datetime | None = (await self._tx.conn.execute(query)).scalar_one()
         return value
+
+    async def left_after_claim(
+        self,
+        consumer_pk: int,
+        *,
+        claimed: int,
+        limit: int,
+        max_bytes: int | None,
+        max_ack_pending: int | None,
+    ) -> tuple[int, datetime | None]:
+        """After a claim: due jobs left (up to PENDING_COUNT_CAP), and, when nothing was
+        claimed and nothing is due, when the next job falls due."""
+        if claimed < limit and max_bytes is None and max_ack_pending is None:
+            # A short batch with no other limit left nothing due unclaimed (rows skipped as
+            # locked belong to concurrent claims).
+            pending = 0
+        else:
+            pending = await self.due_count(consumer_pk, PENDING_COUNT_CAP)
+        if claimed or pending:
+            return pending, None
+        return 0, await self.next_due([consumer_pk])
 
     async def due_count(self, consumer_pk: int, cap: int) -> int:
         """Due queued jobs of the consumer, counted up to `cap`.
