@@ -24,6 +24,7 @@ LIBRARIES = (
     ("json", "json/"),
     ("asyncio", "asyncio/"),
     ("logging", "logging/"),
+    ("nats", "nats/"),
     ("app", "/app/"),
 )
 

@@ -685,9 +685,17 @@ class Runner:
             meter = env.meter()
             meter.add("bridge", bridge.pid)
             meter.add("nats", server.pid)
+            profiling = None
+            if s.profile:
+                # Sampled through the window (after the warm-up), alongside the measured run.
+                profiling = asyncio.create_task(
+                    self.delayed_profile(bridge.pid, s.warmup, s.duration, "bridge")
+                )
             result, window, statements = await env.run_loadgen(
                 spec, meter, within=s.warmup + s.duration + 180
             )
+            if profiling is not None:
+                self.profiles["bridge"] = await profiling
             jobs = await db.count_jobs(env.conn, "delivered", [env.pks[consumer]], window)
             m = Measured(
                 name,
@@ -711,6 +719,12 @@ class Runner:
         finally:
             await bridge.stop()
             await server.stop()
+
+    async def delayed_profile(
+        self, pid: int, delay: float, seconds: float, tag: str
+    ) -> dict[str, Any]:
+        await asyncio.sleep(delay)
+        return await profile.record(pid, seconds, self.env.workdir / f"pyspy-{tag}.txt")
 
     # -- pgqueuer -------------------------------------------------------------------------------
 

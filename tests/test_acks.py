@@ -358,6 +358,43 @@ async def test_batch_ack_reports_each_item(
     assert (await job_row(runtime, ids[2])).dead_reason == "nope"
 
 
+async def test_plain_ack_batch_acks_what_it_can_and_explains_the_rest(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
+) -> None:
+    """Only plain acks: the good ones land (one statement on PostgreSQL), the others say why."""
+    for n in range(4):
+        await publish(client, f"m{n}")
+    ids = [j["ID"] for j in await pull_jobs(client, k1, batch=4)]
+    assert (await ack(client, k1, ids[3])).status_code == 202
+    r = await ack_batch(
+        client,
+        k1,
+        [
+            {"id": ids[0], "attempt": 1},
+            {"id": 999999},
+            {"id": ids[1], "attempt": 2},
+            {"id": ids[2]},
+            {"id": ids[3]},
+        ],
+    )
+    assert [(x["id"], x["status"]) for x in r.json()["Results"]] == [
+        (ids[0], 202),
+        (999999, 404),
+        (ids[1], 409),
+        (ids[2], 202),
+        (ids[3], 409),
+    ]
+    states = [(await job_row(runtime, i)).status for i in ids]
+    assert states == ["DELIVERED", "INFLIGHT", "DELIVERED", "DELIVERED"]
+    # Wrong credentials ack nothing, whatever the body names.
+    wrong = {**k1.auth, "X-Broker-Consumer-Token": "not-it"}
+    r = await client.post(f"{k1.base}/ack", json={"acks": [{"id": ids[1]}]}, headers=wrong)
+    assert r.status_code == 403
+    r = await client.post(f"{k1.job(ids[1])}/ack", json={}, headers=wrong)
+    assert r.status_code == 403
+    assert (await job_row(runtime, ids[1])).status == "INFLIGHT"
+
+
 async def test_batch_ack_groups_naks_with_different_delays(
     client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
 ) -> None:

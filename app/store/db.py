@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
+from sqlalchemy import ColumnElement, Float, Row, cast, event, func, literal_column, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -59,6 +59,16 @@ class Database:
                 )
         if tx.announced and self.waker is not None:
             self.waker.wake(tx.announced)
+
+    async def run_alone(self, sql: str, params: dict[str, Any]) -> list[Row[Any]]:
+        """One driver-level statement in its own implicit transaction (autocommit).
+
+        For hot paths that fit one statement: no BEGIN and COMMIT round trips, and no SQL
+        compilation. `sql` uses the driver's %(name)s placeholders.
+        """
+        async with self.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return list((await conn.exec_driver_sql(sql, params)).all())
 
     async def dispose(self) -> None:
         await self.engine.dispose()
