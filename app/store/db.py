@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Float, Row, cast, event, func, literal_column, text
+from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -57,10 +57,15 @@ class Database:
                     text("SELECT pg_notify(:channel, :payload)"),
                     {"channel": NOTIFY_CHANNEL, "payload": _payload(tx.announced)},
                 )
-        if tx.announced and self.waker is not None:
-            self.waker.wake(tx.announced)
+        if tx.announced:
+            self.wake_here(tx.announced)
 
-    async def run_alone(self, sql: str, params: dict[str, Any]) -> list[Row[Any]]:
+    def wake_here(self, consumer_pks: Iterable[int]) -> None:
+        """Wake this process's waiters now (NOTIFY reaches the others, and this one later)."""
+        if self.waker is not None:
+            self.waker.wake(consumer_pks)
+
+    async def run_alone(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """One driver-level statement in its own implicit transaction (autocommit).
 
         For hot paths that fit one statement: no BEGIN and COMMIT round trips, and no SQL
@@ -68,7 +73,7 @@ class Database:
         """
         async with self.engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return list((await conn.exec_driver_sql(sql, params)).all())
+            return [tuple(row) for row in (await conn.exec_driver_sql(sql, params)).all()]
 
     async def dispose(self) -> None:
         await self.engine.dispose()
