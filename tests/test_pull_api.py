@@ -15,12 +15,13 @@ from sqlalchemy import event, text
 from app.api.app import create_app
 from app.config import Config
 from app.runtime import Runtime
-from app.store.jobs import JobStore
+from app.store.jobs import PENDING_COUNT_CAP, JobStore
 from tests.helpers_pull import (
     PullConsumer,
     consumer_pk,
     job_row,
     publish,
+    publish_many,
     pull,
     pull_jobs,
     put_consumer,
@@ -147,6 +148,25 @@ async def test_pull_does_not_take_jobs_of_other_consumers_or_not_due(
 
 
 # -- max_bytes -----------------------------------------------------------------------------------
+
+
+async def test_pending_counts_due_jobs_left_up_to_the_cap(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime
+) -> None:
+    await publish_many(runtime, PENDING_COUNT_CAP + 7)
+    body = (await pull(client, k1, batch=5, no_wait=True)).json()
+    assert len(body["Jobs"]) == 5
+    assert body["Pending"] == PENDING_COUNT_CAP
+    # Drain all but 8, then: a full batch of 5 leaves 3; a short batch leaves none.
+    left = PENDING_COUNT_CAP + 2
+    while left > 8:
+        take = min(100, left - 8)
+        assert len((await pull(client, k1, batch=take, no_wait=True)).json()["Jobs"]) == take
+        left -= take
+    body = (await pull(client, k1, batch=5, no_wait=True)).json()
+    assert (len(body["Jobs"]), body["Pending"]) == (5, 3)
+    body = (await pull(client, k1, batch=5, no_wait=True)).json()
+    assert (len(body["Jobs"]), body["Pending"]) == (3, 0)
 
 
 async def test_max_bytes_caps_the_batch(client: httpx.AsyncClient, k1: PullConsumer) -> None:

@@ -17,8 +17,9 @@ from app.domain.errors import Conflict, InvalidInput, NotFound, TooManyWaiting
 from app.domain.jobs import AckType, JobStatus, RetryPolicy, check_seed_transition
 from app.domain.models import ClaimedJob, Consumer, ConsumerType, Job, Page
 from app.services.auth import pull_consumer
+from app.store import hotpath
 from app.store.db import Database, Tx
-from app.store.jobs import JobStore, ack_with_credentials
+from app.store.jobs import JobStore
 from app.store.pagination import Cursor
 from app.store.signals import Signals
 from app.store.stakeholders import ConsumerStore
@@ -229,6 +230,9 @@ class DeliveryService:
 
     async def pull(self, creds: ConsumerCredentials, request: PullRequest) -> PullResult:
         self.validate(request)
+        quick = await self._quick_claim(request, creds=creds)
+        if quick is not None:
+            return quick
         # The first claim authenticates in its own transaction: a pull that finds work costs
         # one transaction, and only a pull that has to wait goes on to subscribe.
         consumer, claimed, pending, _ = await self._claim_once(None, request, creds=creds)
@@ -250,6 +254,10 @@ class DeliveryService:
             refresh = False
             while True:
                 woken.clear()
+                if consumer.max_ack_pending is None:
+                    quick = await self._quick_claim(request, consumer_pk=consumer.pk)
+                    if quick is not None:
+                        return quick
                 # Re-checks re-read the consumer: a PUT may have changed maxAckPending or
                 # ackWait (and wakes us), or deleted the consumer, while we waited.
                 current = await self._claim_once(consumer, request, refresh=refresh)
@@ -266,6 +274,32 @@ class DeliveryService:
                     timeout = min(timeout, max(until_due, MIN_RECHECK_SECONDS))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(woken.wait(), timeout=timeout)
+
+    async def _quick_claim(
+        self,
+        request: PullRequest,
+        *,
+        creds: ConsumerCredentials | None = None,
+        consumer_pk: int | None = None,
+    ) -> PullResult | None:
+        """PostgreSQL, no byte budget: the claim as one statement. None when it claimed
+        nothing (or does not apply): the full transaction then says why, or waits."""
+        if self._db.dialect != "postgresql" or request.max_bytes is not None:
+            return None
+        if creds is not None and (creds.channel_token is None or creds.consumer_token is None):
+            return None
+        jobs, pending = await hotpath.claim(
+            self._db,
+            limit=request.batch,
+            default_ack_wait=self._default_ack_wait,
+            incremental_timeout=request.incremental_timeout,
+            consumer_pk=consumer_pk,
+            channel_id=creds.channel_id if creds else "",
+            channel_token=(creds.channel_token or "") if creds else "",
+            consumer_id=creds.consumer_id if creds else "",
+            consumer_token=(creds.consumer_token or "") if creds else "",
+        )
+        return PullResult(jobs, pending) if jobs else None
 
     @overload
     async def _claim_once(
@@ -357,7 +391,7 @@ class DeliveryService:
             or len({item.id for item in items}) != len(items)
         ):
             return set()
-        return await ack_with_credentials(
+        return await hotpath.ack(
             self._db,
             channel_id=creds.channel_id,
             channel_token=creds.channel_token,

@@ -11,8 +11,9 @@ from typing import TypedDict
 from app.domain.errors import InvalidInput, PayloadTooLarge
 from app.domain.models import Message
 from app.services.auth import publishing_producer
+from app.store import hotpath
 from app.store.db import Database
-from app.store.messages import MessageStore, publish_with_credentials
+from app.store.messages import MessageStore
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 MAX_CONTENT_TYPE_LENGTH = 255
@@ -105,7 +106,7 @@ class PublishingService:
             and request.producer_id
             and request.producer_token is not None
         ):
-            quick = await publish_with_credentials(
+            quick = await hotpath.publish(
                 self._db,
                 channel_id=channel_id,
                 channel_token=request.channel_token,

@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ClaimedJob, Job, Message, Page
-from app.store.db import NOTIFY_CHANNEL, Database, Tx, now, plus_seconds
+from app.store.db import Tx, now, plus_seconds
 from app.store.messages import message_from_mapping, message_from_row
 from app.store.pagination import Cursor, decode_cursor, encode_cursor
 from app.store.schema import consumer, job, message
@@ -47,58 +47,6 @@ QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
 DELIVERED = JobStatus.DELIVERED.value
 DEAD = JobStatus.DEAD.value
-
-
-# The common ack, credentials included, as one statement (run in autocommit: one round trip).
-# Tokens are compared by the database here; the row is found by its keys first, so the
-# comparison is one short string equality, not a lookup whose timing depends on the token.
-# No row back means something is off (credentials, job, status or attempt): the caller then
-# takes the full transaction, which says exactly what.
-ACK_WITH_CREDENTIALS = f"""
-WITH named AS (
-    SELECT consumer.pk, consumer.max_ack_pending
-    FROM channel JOIN consumer ON consumer.channel_id = channel.id
-    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
-      AND consumer.consumer_id = %(consumer_id)s AND consumer.token = %(consumer_token)s
-      AND consumer.type = 'pull'
-), acked AS (
-    UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now()
-    FROM named, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS given(id, attempt)
-    WHERE job.id = given.id AND job.consumer_pk = named.pk AND job.status = '{INFLIGHT}'
-      AND (given.attempt IS NULL OR job.attempt = given.attempt)
-    RETURNING job.id, named.pk, named.max_ack_pending
-), told AS (
-    -- Pulls of a consumer capped by max-ack-pending wait for in-flight jobs to end.
-    SELECT pg_notify('{NOTIFY_CHANNEL}', CAST(pk AS text)) FROM acked
-    WHERE max_ack_pending IS NOT NULL LIMIT 1
-)
-SELECT id, (SELECT count(*) FROM told) AS told FROM acked
-"""
-
-
-async def ack_with_credentials(
-    db: Database,
-    *,
-    channel_id: str,
-    channel_token: str,
-    consumer_id: str,
-    consumer_token: str,
-    targets: Sequence[tuple[int, int | None]],
-) -> set[int]:
-    """PostgreSQL only: INFLIGHT -> DELIVERED for (id, attempt or None) pairs, if the
-    credentials name this pull consumer; the ids that moved."""
-    rows = await db.run_alone(
-        ACK_WITH_CREDENTIALS,
-        {
-            "channel_id": channel_id,
-            "channel_token": channel_token,
-            "consumer_id": consumer_id,
-            "consumer_token": consumer_token,
-            "ids": [i for i, _ in targets],
-            "attempts": [a for _, a in targets],
-        },
-    )
-    return {row[0] for row in rows}
 
 
 def status_is(status: str) -> ColumnElement[bool]:

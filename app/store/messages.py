@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import Conflict, InvalidInput
 from app.domain.models import Message, Page
-from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Tx, now
+from app.store.db import Tx, now
 from app.store.pagination import Cursor, decode_int_cursor, page_bounds, paginate
 from app.store.schema import consumer, job, message
 
@@ -35,88 +35,6 @@ def message_from_mapping(row: Mapping[Any, Any]) -> Message:
         headers=dict(headers or {}),
         received_at=row["received_at"],
     )
-
-
-# A publish on PostgreSQL as one statement (autocommit: one round trip): credentials, the
-# message, one QUEUED job per consumer of the channel, and the NOTIFY that wakes their
-# waiters. No row back means bad credentials or a repeated message id: the caller then takes
-# the full transaction, which says which. Tokens are compared after the rows are found by key.
-PUBLISH_WITH_CREDENTIALS = f"""
-WITH allowed AS (
-    SELECT channel.id FROM channel JOIN producer ON producer.id = %(producer_id)s
-    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
-      AND producer.token = %(producer_token)s
-), stored AS (
-    INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, priority,
-                         headers, received_at)
-    SELECT allowed.id, %(message_id)s, %(producer_id)s, %(payload)s, %(content_type)s,
-           %(priority)s, %(headers)s::json, now()
-    FROM allowed
-    ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING pk, received_at
-), fanned AS (
-    INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
-                     earliest_next_attempt_at, status_changed_at, created_at)
-    SELECT stored.pk, consumer.pk, 'QUEUED', %(priority)s, %(payload_size)s,
-           stored.received_at, stored.received_at, stored.received_at
-    FROM stored JOIN consumer ON consumer.channel_id = %(channel_id)s
-    RETURNING consumer_pk
-), told AS (
-    SELECT pg_notify('{NOTIFY_CHANNEL}',
-                     CASE WHEN length(pks) <= {MAX_NOTIFY_PAYLOAD} THEN pks ELSE '*' END)
-    FROM (SELECT string_agg(CAST(consumer_pk AS text), ',') AS pks FROM fanned) AS listed
-    WHERE pks IS NOT NULL
-)
-SELECT stored.pk, stored.received_at, ARRAY(SELECT consumer_pk FROM fanned),
-       (SELECT count(*) FROM told)
-FROM stored
-"""
-
-
-async def publish_with_credentials(
-    db: Database,
-    *,
-    channel_id: str,
-    channel_token: str,
-    producer_id: str,
-    producer_token: str,
-    message_id: str,
-    payload: bytes,
-    content_type: str,
-    priority: int,
-    headers: dict[str, str],
-) -> tuple[Message, list[int]] | None:
-    """PostgreSQL only: the message and the consumers that got a job, or None (see above)."""
-    rows = await db.run_alone(
-        PUBLISH_WITH_CREDENTIALS,
-        {
-            "channel_id": channel_id,
-            "channel_token": channel_token,
-            "producer_id": producer_id,
-            "producer_token": producer_token,
-            "message_id": message_id,
-            "payload": payload,
-            "payload_size": len(payload),
-            "content_type": content_type,
-            "priority": priority,
-            "headers": json.dumps(headers),
-        },
-    )
-    if not rows:
-        return None
-    row = rows[0]
-    stored = Message(
-        pk=row[0],
-        channel_id=channel_id,
-        message_id=message_id,
-        producer_id=producer_id,
-        payload=payload,
-        content_type=content_type,
-        priority=priority,
-        headers=headers,
-        received_at=row[1],
-    )
-    return stored, list(row[2])
 
 
 class MessageStore:

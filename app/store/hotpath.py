@@ -1,0 +1,298 @@
+"""The hot paths on PostgreSQL as one statement each: publish, claim, ack.
+
+Each runs alone in autocommit (`Database.run_alone`): one round trip, no BEGIN or COMMIT, no
+SQL compilation. Credentials are checked inside the statement. When a statement changes
+nothing (bad credentials, a repeated message id, a stale ack, nothing to claim) the service
+falls back to the full transaction in the stores, which finds out why and says so. SQLite
+always takes the full transactions.
+
+Tokens are compared by the database here: the rows are found by their keys first, so the
+comparison is one short string equality, not a lookup whose timing depends on the token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from app.domain.jobs import JobStatus
+from app.domain.models import ClaimedJob, Job, Message
+from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database
+from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED
+
+# -- publish -----------------------------------------------------------------------------------
+
+# Credentials, the message, one QUEUED job per consumer of the channel, and the NOTIFY that
+# wakes their waiters. No row back: bad credentials or a repeated message id.
+PUBLISH_WITH_CREDENTIALS = f"""
+WITH allowed AS (
+    SELECT channel.id FROM channel JOIN producer ON producer.id = %(producer_id)s
+    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
+      AND producer.token = %(producer_token)s
+), stored AS (
+    INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, priority,
+                         headers, received_at)
+    SELECT allowed.id, %(message_id)s, %(producer_id)s, %(payload)s, %(content_type)s,
+           %(priority)s, %(headers)s::json, now()
+    FROM allowed
+    ON CONFLICT (channel_id, message_id) DO NOTHING
+    RETURNING pk, received_at
+), fanned AS (
+    INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
+                     earliest_next_attempt_at, status_changed_at, created_at)
+    SELECT stored.pk, consumer.pk, '{QUEUED}', %(priority)s, %(payload_size)s,
+           stored.received_at, stored.received_at, stored.received_at
+    FROM stored JOIN consumer ON consumer.channel_id = %(channel_id)s
+    RETURNING consumer_pk
+), told AS (
+    SELECT pg_notify('{NOTIFY_CHANNEL}',
+                     CASE WHEN length(pks) <= {MAX_NOTIFY_PAYLOAD} THEN pks ELSE '*' END)
+    FROM (SELECT string_agg(CAST(consumer_pk AS text), ',') AS pks FROM fanned) AS listed
+    WHERE pks IS NOT NULL
+)
+SELECT stored.pk, stored.received_at, ARRAY(SELECT consumer_pk FROM fanned),
+       (SELECT count(*) FROM told)
+FROM stored
+"""
+
+
+async def publish(
+    db: Database,
+    *,
+    channel_id: str,
+    channel_token: str,
+    producer_id: str,
+    producer_token: str,
+    message_id: str,
+    payload: bytes,
+    content_type: str,
+    priority: int,
+    headers: dict[str, str],
+) -> tuple[Message, list[int]] | None:
+    """PostgreSQL only: the message and the consumers that got a job, or None (see above)."""
+    rows = await db.run_alone(
+        PUBLISH_WITH_CREDENTIALS,
+        {
+            "channel_id": channel_id,
+            "channel_token": channel_token,
+            "producer_id": producer_id,
+            "producer_token": producer_token,
+            "message_id": message_id,
+            "payload": payload,
+            "payload_size": len(payload),
+            "content_type": content_type,
+            "priority": priority,
+            "headers": json.dumps(headers),
+        },
+    )
+    if not rows:
+        return None
+    row = rows[0]
+    stored = Message(
+        pk=row[0],
+        channel_id=channel_id,
+        message_id=message_id,
+        producer_id=producer_id,
+        payload=payload,
+        content_type=content_type,
+        priority=priority,
+        headers=headers,
+        received_at=row[1],
+    )
+    return stored, list(row[2])
+
+
+# -- claim -------------------------------------------------------------------------------------
+
+# Who claims: by credentials (a new pull) or by primary key (a waiting pull, re-reading its
+# consumer). Consumers capped by max-ack-pending take the full transaction, which counts
+# their in-flight jobs under a lock.
+BY_CREDENTIALS = """
+    SELECT consumer.pk, consumer.ack_wait_seconds
+    FROM channel JOIN consumer ON consumer.channel_id = channel.id
+    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
+      AND consumer.consumer_id = %(consumer_id)s AND consumer.token = %(consumer_token)s
+      AND consumer.type = 'pull' AND consumer.max_ack_pending IS NULL
+"""
+BY_PK = """
+    SELECT consumer.pk, consumer.ack_wait_seconds FROM consumer
+    WHERE consumer.pk = %(consumer_pk)s
+      AND consumer.type = 'pull' AND consumer.max_ack_pending IS NULL
+"""
+
+JOB_COLUMNS = (
+    "id, message_pk, consumer_pk, status, priority, attempt, retry_count, incremental_timeout,"
+    " lease_expires_at, earliest_next_attempt_at, status_changed_at, created_at, dead_reason,"
+    " last_error"
+)
+MESSAGE_COLUMNS = (
+    "pk, channel_id, message_id, producer_id, payload, content_type, priority, headers, received_at"
+)
+
+
+def _claim_sql(who: str) -> str:
+    # `(SELECT pk FROM named)` is evaluated once and then acts as a parameter, so the claim
+    # walks the partial claim index in order, as the stores' claim does. The statement sees
+    # the queue as it was before it ran: the pending count includes what it claimed and
+    # takes that off. Only a full batch counts at all (a short one left nothing due).
+    claimed_columns = ", ".join(f"claimed.{c.strip()}" for c in JOB_COLUMNS.split(","))
+    message_columns = ", ".join(f"message.{c.strip()}" for c in MESSAGE_COLUMNS.split(","))
+    return f"""
+WITH named AS ({who}), due AS (
+    SELECT job.id FROM job
+    WHERE job.consumer_pk = (SELECT pk FROM named) AND job.status = '{QUEUED}'
+      AND job.earliest_next_attempt_at <= now()
+    ORDER BY job.priority DESC, job.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE job SET status = '{INFLIGHT}', attempt = job.attempt + 1,
+        incremental_timeout = %(incremental_timeout)s,
+        lease_expires_at = now() + make_interval(secs => %(incremental_timeout)s
+            + coalesce((SELECT ack_wait_seconds FROM named), %(default_ack_wait)s)),
+        claimed_at = now(), status_changed_at = now()
+    WHERE job.id IN (SELECT id FROM due) AND job.status = '{QUEUED}'
+    RETURNING job.*
+), counted AS (
+    SELECT count(*) AS n FROM claimed
+)
+SELECT {claimed_columns}, {message_columns},
+    CASE WHEN (SELECT n FROM counted) < %(limit)s THEN 0 ELSE greatest(0, (
+        SELECT count(*) FROM (
+            SELECT 1 FROM job
+            WHERE job.consumer_pk = (SELECT pk FROM named) AND job.status = '{QUEUED}'
+              AND job.earliest_next_attempt_at <= now()
+            ORDER BY job.priority DESC, job.id
+            LIMIT {PENDING_COUNT_CAP} + %(limit)s
+        ) AS ahead) - (SELECT n FROM counted)) END
+FROM claimed JOIN message ON message.pk = claimed.message_pk
+ORDER BY claimed.priority DESC, claimed.id
+"""
+
+
+CLAIM_WITH_CREDENTIALS = _claim_sql(BY_CREDENTIALS)
+CLAIM_BY_PK = _claim_sql(BY_PK)
+JOB_WIDTH = len(JOB_COLUMNS.split(","))
+
+
+def _claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
+    j, m = row[:JOB_WIDTH], row[JOB_WIDTH:-1]
+    headers = m[7]
+    return ClaimedJob(
+        Job(
+            id=j[0],
+            message_pk=j[1],
+            consumer_pk=j[2],
+            status=JobStatus(j[3]),
+            priority=j[4],
+            attempt=j[5],
+            retry_count=j[6],
+            incremental_timeout=j[7],
+            lease_expires_at=j[8],
+            earliest_next_attempt_at=j[9],
+            status_changed_at=j[10],
+            created_at=j[11],
+            dead_reason=j[12],
+            last_error=j[13],
+        ),
+        Message(
+            pk=m[0],
+            channel_id=m[1],
+            message_id=m[2],
+            producer_id=m[3],
+            payload=bytes(m[4]),
+            content_type=m[5],
+            priority=m[6],
+            headers=dict(json.loads(headers) if isinstance(headers, str) else headers or {}),
+            received_at=m[8],
+        ),
+    )
+
+
+async def claim(
+    db: Database,
+    *,
+    limit: int,
+    default_ack_wait: int,
+    incremental_timeout: int = 0,
+    consumer_pk: int | None = None,
+    channel_id: str = "",
+    channel_token: str = "",
+    consumer_id: str = "",
+    consumer_token: str = "",
+) -> tuple[list[ClaimedJob], int]:
+    """Lease up to `limit` due jobs of a pull consumer named by pk or by credentials; the
+    jobs (highest priority first, then oldest) and due jobs left, counted up to the cap.
+    Nothing claimed says nothing about why: the caller's full transaction finds out."""
+    params: dict[str, Any] = {
+        "limit": limit,
+        "default_ack_wait": default_ack_wait,
+        "incremental_timeout": incremental_timeout,
+    }
+    if consumer_pk is not None:
+        sql = CLAIM_BY_PK
+        params["consumer_pk"] = consumer_pk
+    else:
+        sql = CLAIM_WITH_CREDENTIALS
+        params |= {
+            "channel_id": channel_id,
+            "channel_token": channel_token,
+            "consumer_id": consumer_id,
+            "consumer_token": consumer_token,
+        }
+    rows = await db.run_alone(sql, params)
+    if not rows:
+        return [], 0
+    return [_claimed_job(row) for row in rows], min(int(rows[0][-1]), PENDING_COUNT_CAP)
+
+
+# -- ack ---------------------------------------------------------------------------------------
+
+# INFLIGHT -> DELIVERED for (id, attempt or None) pairs. A job not in the answer was not
+# acked: credentials, job, status or attempt were off.
+ACK_WITH_CREDENTIALS = f"""
+WITH named AS (
+    SELECT consumer.pk, consumer.max_ack_pending
+    FROM channel JOIN consumer ON consumer.channel_id = channel.id
+    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
+      AND consumer.consumer_id = %(consumer_id)s AND consumer.token = %(consumer_token)s
+      AND consumer.type = 'pull'
+), acked AS (
+    UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now()
+    FROM named, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS given(id, attempt)
+    WHERE job.id = given.id AND job.consumer_pk = named.pk AND job.status = '{INFLIGHT}'
+      AND (given.attempt IS NULL OR job.attempt = given.attempt)
+    RETURNING job.id, named.pk, named.max_ack_pending
+), told AS (
+    -- Pulls of a consumer capped by max-ack-pending wait for in-flight jobs to end.
+    SELECT pg_notify('{NOTIFY_CHANNEL}', CAST(pk AS text)) FROM acked
+    WHERE max_ack_pending IS NOT NULL LIMIT 1
+)
+SELECT id, (SELECT count(*) FROM told) AS told FROM acked
+"""
+
+
+async def ack(
+    db: Database,
+    *,
+    channel_id: str,
+    channel_token: str,
+    consumer_id: str,
+    consumer_token: str,
+    targets: Sequence[tuple[int, int | None]],
+) -> set[int]:
+    """PostgreSQL only: INFLIGHT -> DELIVERED for (id, attempt or None) pairs, if the
+    credentials name this pull consumer; the ids that moved."""
+    rows = await db.run_alone(
+        ACK_WITH_CREDENTIALS,
+        {
+            "channel_id": channel_id,
+            "channel_token": channel_token,
+            "consumer_id": consumer_id,
+            "consumer_token": consumer_token,
+            "ids": [i for i, _ in targets],
+            "attempts": [a for _, a in targets],
+        },
+    )
+    return {row[0] for row in rows}
