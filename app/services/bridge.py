@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.domain.jobs import AckType, JobStatus, RetryPolicy
-from app.domain.models import Consumer, Job, Message
+from app.domain.models import ClaimedJob, Consumer, Job, Message
 from app.services.delivery import AckItem, AckOutcome, DeliveryService
+from app.store import hotpath
 from app.store.bridge import BridgeStore, DeliveryState
 from app.store.db import Database
 from app.store.jobs import JobStore, QueueStats
@@ -60,6 +61,23 @@ class ConsumerSnapshot:
     state: DeliveryState
 
 
+def _numbered(
+    claimed: list[ClaimedJob], due: int, next_due_at: datetime | None, seqs: list[int]
+) -> ClaimBatch:
+    count = len(claimed)
+    deliveries = [
+        Delivery(c.job, c.message, seq, due + count - 1 - index)
+        for index, (c, seq) in enumerate(zip(claimed, seqs, strict=True))
+    ]
+    return ClaimBatch(
+        deliveries,
+        due,
+        next_due_at,
+        seqs[-1] if seqs else 0,
+        max((c.job.id for c in claimed), default=0),
+    )
+
+
 class BridgeService:
     def __init__(self, db: Database, delivery: DeliveryService, policy: RetryPolicy) -> None:
         self._db = db
@@ -87,6 +105,20 @@ class BridgeService:
         self, consumer: Consumer, limit: int, max_bytes: int | None = None
     ) -> ClaimBatch:
         """Lease up to `limit` jobs with the shared claim statement and number the deliveries."""
+        if (
+            self._db.dialect == "postgresql"
+            and max_bytes is None
+            and consumer.max_ack_pending is None
+        ):
+            quick = await hotpath.claim(
+                self._db,
+                hotpath.Named(consumer.pk),
+                limit=limit,
+                default_ack_wait=self._delivery.ack_wait(consumer),
+                numbered=True,
+            )
+            if quick.jobs:
+                return _numbered(quick.jobs, quick.pending, None, quick.seqs)
         async with self._db.transaction() as tx:
             jobs = JobStore(tx)
             claimed = await jobs.claim(
@@ -107,18 +139,7 @@ class BridgeService:
             seqs = await bridge.next_delivery_seqs(len(claimed))
             if claimed:
                 await bridge.record_delivery(consumer.pk, seqs[-1], max(c.job.id for c in claimed))
-        count = len(claimed)
-        deliveries = [
-            Delivery(c.job, c.message, seq, due + count - 1 - index)
-            for index, (c, seq) in enumerate(zip(claimed, seqs, strict=True))
-        ]
-        return ClaimBatch(
-            deliveries,
-            due,
-            next_due_at,
-            seqs[-1] if seqs else 0,
-            max((c.job.id for c in claimed), default=0),
-        )
+        return _numbered(claimed, due, next_due_at, seqs)
 
     async def release(self, consumer: Consumer, targets: Sequence[tuple[int, int]]) -> None:
         """Give back claims nobody received (no retry counted); other pullers are woken."""
@@ -130,21 +151,29 @@ class BridgeService:
 
     async def acks(self, consumer: Consumer, items: Sequence[AckItem]) -> AckResult:
         """The shared ack statements; also reports which NAKs dead-lettered their job."""
-        async with self._db.transaction() as tx:
-            outcomes = await self._delivery.apply_acks(tx, consumer, items)
-            naked = [
-                o.id
-                for o, item in zip(outcomes, items, strict=True)
-                if o.status == 202 and item.type is AckType.NAK
-            ]
-            dead: list[Job] = []
-            if naked:
-                dead = [
-                    j
-                    for j in await JobStore(tx).many(naked, consumer.pk)
-                    if j.status is JobStatus.DEAD
+        acked = await self._delivery.plain_acks(hotpath.Named(consumer.pk), items)
+        rest = [item for item in items if item.id not in acked]
+        outcomes: list[AckOutcome] = []
+        dead: list[Job] = []
+        if rest:
+            async with self._db.transaction() as tx:
+                outcomes = await self._delivery.apply_acks(tx, consumer, rest)
+                naked = [
+                    o.id
+                    for o, item in zip(outcomes, rest, strict=True)
+                    if o.status == 202 and item.type is AckType.NAK
                 ]
-        return AckResult(outcomes, dead)
+                if naked:
+                    dead = [
+                        j
+                        for j in await JobStore(tx).many(naked, consumer.pk)
+                        if j.status is JobStatus.DEAD
+                    ]
+        explained = iter(outcomes)
+        return AckResult(
+            [AckOutcome(item.id, 202) if item.id in acked else next(explained) for item in items],
+            dead,
+        )
 
     async def snapshot(self, consumer: Consumer) -> ConsumerSnapshot:
         async with self._db.transaction() as tx:

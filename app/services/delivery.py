@@ -288,18 +288,21 @@ class DeliveryService:
             return None
         if creds is not None and (creds.channel_token is None or creds.consumer_token is None):
             return None
-        jobs, pending = await hotpath.claim(
+        if creds is not None:
+            assert creds.channel_token is not None and creds.consumer_token is not None
+            named = hotpath.Named.by_credentials(
+                creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
+            )
+        else:
+            named = hotpath.Named(consumer_pk)
+        claimed = await hotpath.claim(
             self._db,
+            named,
             limit=request.batch,
             default_ack_wait=self._default_ack_wait,
             incremental_timeout=request.incremental_timeout,
-            consumer_pk=consumer_pk,
-            channel_id=creds.channel_id if creds else "",
-            channel_token=(creds.channel_token or "") if creds else "",
-            consumer_id=creds.consumer_id if creds else "",
-            consumer_token=(creds.consumer_token or "") if creds else "",
         )
-        return PullResult(jobs, pending) if jobs else None
+        return PullResult(claimed.jobs, claimed.pending) if claimed.jobs else None
 
     @overload
     async def _claim_once(
@@ -381,24 +384,25 @@ class DeliveryService:
         return [AckOutcome(item.id, 202) if item.id in acked else next(explained) for item in items]
 
     async def _quick_acks(self, creds: ConsumerCredentials, items: Sequence[AckItem]) -> set[int]:
-        """Plain acks on PostgreSQL: credentials and the update in one statement. The ids
-        acked; whatever is left (or went wrong) takes the full transaction, which explains it."""
+        if creds.channel_token is None or creds.consumer_token is None:
+            return set()
+        named = hotpath.Named.by_credentials(
+            creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
+        )
+        return await self.plain_acks(named, items)
+
+    async def plain_acks(self, named: hotpath.Named, items: Sequence[AckItem]) -> set[int]:
+        """Plain acks on PostgreSQL: the consumer check and the update in one statement. The
+        ids acked; whatever is left (or went wrong) takes the full transaction, which explains
+        it."""
         if (
             self._db.dialect != "postgresql"
-            or creds.channel_token is None
-            or creds.consumer_token is None
+            or not items
             or any(item.type is not AckType.ACK for item in items)
             or len({item.id for item in items}) != len(items)
         ):
             return set()
-        return await hotpath.ack(
-            self._db,
-            channel_id=creds.channel_id,
-            channel_token=creds.channel_token,
-            consumer_id=creds.consumer_id,
-            consumer_token=creds.consumer_token,
-            targets=[(item.id, item.attempt) for item in items],
-        )
+        return await hotpath.ack(self._db, named, [(item.id, item.attempt) for item in items])
 
     async def apply_acks(
         self, tx: Tx, consumer: Consumer, items: Sequence[AckItem]

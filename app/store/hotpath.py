@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app.domain.jobs import JobStatus
@@ -103,23 +104,56 @@ async def publish(
     return stored, list(row[2])
 
 
-# -- claim -------------------------------------------------------------------------------------
+# -- who ---------------------------------------------------------------------------------------
 
-# Who claims: by credentials (a new pull) or by primary key (a waiting pull, re-reading its
-# consumer). Consumers capped by max-ack-pending take the full transaction, which counts
-# their in-flight jobs under a lock.
-BY_CREDENTIALS = """
-    SELECT consumer.pk, consumer.ack_wait_seconds
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """How a statement names its pull consumer: by credentials (a request) or by primary key
+    (a waiting pull re-reading its consumer, the NATS bridge)."""
+
+    consumer_pk: int | None = None
+    channel_id: str = ""
+    channel_token: str = ""
+    consumer_id: str = ""
+    consumer_token: str = ""
+
+    @classmethod
+    def by_credentials(
+        cls, channel_id: str, channel_token: str, consumer_id: str, consumer_token: str
+    ) -> Named:
+        return cls(None, channel_id, channel_token, consumer_id, consumer_token)
+
+    @property
+    def key(self) -> str:
+        return "pk" if self.consumer_pk is not None else "credentials"
+
+    def params(self) -> dict[str, Any]:
+        if self.consumer_pk is not None:
+            return {"consumer_pk": self.consumer_pk}
+        return {
+            "channel_id": self.channel_id,
+            "channel_token": self.channel_token,
+            "consumer_id": self.consumer_id,
+            "consumer_token": self.consumer_token,
+        }
+
+
+# The consumer row (pk, ack_wait_seconds, max_ack_pending) of a pull consumer, or no row.
+NAMED = {
+    "credentials": """
+    SELECT consumer.pk, consumer.ack_wait_seconds, consumer.max_ack_pending
     FROM channel JOIN consumer ON consumer.channel_id = channel.id
     WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
       AND consumer.consumer_id = %(consumer_id)s AND consumer.token = %(consumer_token)s
-      AND consumer.type = 'pull' AND consumer.max_ack_pending IS NULL
-"""
-BY_PK = """
-    SELECT consumer.pk, consumer.ack_wait_seconds FROM consumer
-    WHERE consumer.pk = %(consumer_pk)s
-      AND consumer.type = 'pull' AND consumer.max_ack_pending IS NULL
-"""
+      AND consumer.type = 'pull'""",
+    "pk": """
+    SELECT consumer.pk, consumer.ack_wait_seconds, consumer.max_ack_pending FROM consumer
+    WHERE consumer.pk = %(consumer_pk)s AND consumer.type = 'pull'""",
+}
+
+
+# -- claim -------------------------------------------------------------------------------------
 
 JOB_COLUMNS = (
     "id, message_pk, consumer_pk, status, priority, attempt, retry_count, incremental_timeout,"
@@ -129,17 +163,40 @@ JOB_COLUMNS = (
 MESSAGE_COLUMNS = (
     "pk, channel_id, message_id, producer_id, payload, content_type, priority, headers, received_at"
 )
+JOB_WIDTH = len(JOB_COLUMNS.split(","))
+MESSAGE_WIDTH = len(MESSAGE_COLUMNS.split(","))
+
+# The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
+# consumer's newest delivery remembered (never moving backwards).
+NUMBERED = """, numbers AS (
+    SELECT nextval('bridge_delivery_seq') AS seq FROM claimed
+), recorded AS (
+    INSERT INTO bridge_consumer (consumer_pk, last_delivery_seq, last_stream_seq,
+                                 last_delivered_at)
+    SELECT (SELECT pk FROM named), max(seq), (SELECT max(id) FROM claimed), now()
+    FROM numbers HAVING count(*) > 0
+    ON CONFLICT (consumer_pk) DO UPDATE SET
+        last_delivery_seq = greatest(excluded.last_delivery_seq,
+                                     bridge_consumer.last_delivery_seq),
+        last_stream_seq = greatest(excluded.last_stream_seq, bridge_consumer.last_stream_seq),
+        last_delivered_at = excluded.last_delivered_at
+)"""
 
 
-def _claim_sql(who: str) -> str:
+def _claim_sql(key: str, numbered: bool) -> str:
     # `(SELECT pk FROM named)` is evaluated once and then acts as a parameter, so the claim
-    # walks the partial claim index in order, as the stores' claim does. The statement sees
-    # the queue as it was before it ran: the pending count includes what it claimed and
-    # takes that off. Only a full batch counts at all (a short one left nothing due).
+    # walks the partial claim index in order, as the stores' claim does. Consumers capped by
+    # max-ack-pending are left to the full transaction, which counts their in-flight jobs
+    # under a lock. The statement sees the queue as it was before it ran: the pending count
+    # includes what it claimed and takes that off; only a full batch counts at all (a short
+    # one left nothing due).
     claimed_columns = ", ".join(f"claimed.{c.strip()}" for c in JOB_COLUMNS.split(","))
     message_columns = ", ".join(f"message.{c.strip()}" for c in MESSAGE_COLUMNS.split(","))
+    seqs = "ARRAY(SELECT seq FROM numbers ORDER BY seq)" if numbered else "NULL"
     return f"""
-WITH named AS ({who}), due AS (
+WITH named AS ({NAMED[key]}
+      AND consumer.max_ack_pending IS NULL
+), due AS (
     SELECT job.id FROM job
     WHERE job.consumer_pk = (SELECT pk FROM named) AND job.status = '{QUEUED}'
       AND job.earliest_next_attempt_at <= now()
@@ -156,8 +213,8 @@ WITH named AS ({who}), due AS (
     RETURNING job.*
 ), counted AS (
     SELECT count(*) AS n FROM claimed
-)
-SELECT {claimed_columns}, {message_columns},
+){NUMBERED if numbered else ""}
+SELECT {claimed_columns}, {message_columns}, {seqs},
     CASE WHEN (SELECT n FROM counted) < %(limit)s THEN 0 ELSE greatest(0, (
         SELECT count(*) FROM (
             SELECT 1 FROM job
@@ -171,13 +228,18 @@ ORDER BY claimed.priority DESC, claimed.id
 """
 
 
-CLAIM_WITH_CREDENTIALS = _claim_sql(BY_CREDENTIALS)
-CLAIM_BY_PK = _claim_sql(BY_PK)
-JOB_WIDTH = len(JOB_COLUMNS.split(","))
+CLAIM = {(key, numbered): _claim_sql(key, numbered) for key in NAMED for numbered in (False, True)}
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    jobs: list[ClaimedJob]  # highest priority first, then oldest
+    pending: int  # due jobs left, counted up to PENDING_COUNT_CAP
+    seqs: list[int]  # numbered claims: the delivery sequence numbers, ascending
 
 
 def _claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
-    j, m = row[:JOB_WIDTH], row[JOB_WIDTH:-1]
+    j, m = row[:JOB_WIDTH], row[JOB_WIDTH : JOB_WIDTH + MESSAGE_WIDTH]
     headers = m[7]
     return ClaimedJob(
         Job(
@@ -212,52 +274,39 @@ def _claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
 
 async def claim(
     db: Database,
+    named: Named,
     *,
     limit: int,
     default_ack_wait: int,
     incremental_timeout: int = 0,
-    consumer_pk: int | None = None,
-    channel_id: str = "",
-    channel_token: str = "",
-    consumer_id: str = "",
-    consumer_token: str = "",
-) -> tuple[list[ClaimedJob], int]:
-    """Lease up to `limit` due jobs of a pull consumer named by pk or by credentials; the
-    jobs (highest priority first, then oldest) and due jobs left, counted up to the cap.
-    Nothing claimed says nothing about why: the caller's full transaction finds out."""
-    params: dict[str, Any] = {
+    numbered: bool = False,
+) -> Claimed:
+    """Lease up to `limit` due jobs of an uncapped pull consumer. Nothing claimed says
+    nothing about why: the caller's full transaction finds out."""
+    params = named.params() | {
         "limit": limit,
         "default_ack_wait": default_ack_wait,
         "incremental_timeout": incremental_timeout,
     }
-    if consumer_pk is not None:
-        sql = CLAIM_BY_PK
-        params["consumer_pk"] = consumer_pk
-    else:
-        sql = CLAIM_WITH_CREDENTIALS
-        params |= {
-            "channel_id": channel_id,
-            "channel_token": channel_token,
-            "consumer_id": consumer_id,
-            "consumer_token": consumer_token,
-        }
-    rows = await db.run_alone(sql, params)
+    rows = await db.run_alone(CLAIM[(named.key, numbered)], params)
     if not rows:
-        return [], 0
-    return [_claimed_job(row) for row in rows], min(int(rows[0][-1]), PENDING_COUNT_CAP)
+        return Claimed([], 0, [])
+    last = rows[0]
+    return Claimed(
+        [_claimed_job(row) for row in rows],
+        min(int(last[-1]), PENDING_COUNT_CAP),
+        list(last[-2]) if numbered else [],
+    )
 
 
 # -- ack ---------------------------------------------------------------------------------------
 
-# INFLIGHT -> DELIVERED for (id, attempt or None) pairs. A job not in the answer was not
-# acked: credentials, job, status or attempt were off.
-ACK_WITH_CREDENTIALS = f"""
-WITH named AS (
-    SELECT consumer.pk, consumer.max_ack_pending
-    FROM channel JOIN consumer ON consumer.channel_id = channel.id
-    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
-      AND consumer.consumer_id = %(consumer_id)s AND consumer.token = %(consumer_token)s
-      AND consumer.type = 'pull'
+
+def _ack_sql(key: str) -> str:
+    # INFLIGHT -> DELIVERED for (id, attempt or None) pairs. A job not in the answer was not
+    # acked: credentials, job, status or attempt were off.
+    return f"""
+WITH named AS ({NAMED[key]}
 ), acked AS (
     UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now()
     FROM named, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS given(id, attempt)
@@ -273,26 +322,13 @@ SELECT id, (SELECT count(*) FROM told) AS told FROM acked
 """
 
 
-async def ack(
-    db: Database,
-    *,
-    channel_id: str,
-    channel_token: str,
-    consumer_id: str,
-    consumer_token: str,
-    targets: Sequence[tuple[int, int | None]],
-) -> set[int]:
-    """PostgreSQL only: INFLIGHT -> DELIVERED for (id, attempt or None) pairs, if the
-    credentials name this pull consumer; the ids that moved."""
+ACK = {key: _ack_sql(key) for key in NAMED}
+
+
+async def ack(db: Database, named: Named, targets: Sequence[tuple[int, int | None]]) -> set[int]:
+    """Plain acks of (job id, attempt or None) pairs; the ids that moved."""
     rows = await db.run_alone(
-        ACK_WITH_CREDENTIALS,
-        {
-            "channel_id": channel_id,
-            "channel_token": channel_token,
-            "consumer_id": consumer_id,
-            "consumer_token": consumer_token,
-            "ids": [i for i, _ in targets],
-            "attempts": [a for _, a in targets],
-        },
+        ACK[named.key],
+        named.params() | {"ids": [i for i, _ in targets], "attempts": [a for _, a in targets]},
     )
     return {row[0] for row in rows}
