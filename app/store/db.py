@@ -72,8 +72,13 @@ class Database:
         compilation. `sql` uses the driver's %(name)s placeholders.
         """
         async with self.engine.connect() as conn:
+            # The pool still owns the connection (checkout, reset, discard on error); the
+            # statement itself goes straight to psycopg, skipping SQLAlchemy's result rows.
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return [tuple(row) for row in (await conn.exec_driver_sql(sql, params)).all()]
+            raw = await conn.get_raw_connection()
+            async with raw.driver_connection.cursor() as cursor:
+                await cursor.execute(sql, params)
+                return await cursor.fetchall() if cursor.description is not None else []
 
     async def dispose(self) -> None:
         await self.engine.dispose()

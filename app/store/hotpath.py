@@ -169,7 +169,7 @@ MESSAGE_WIDTH = len(MESSAGE_COLUMNS.split(","))
 # The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
 # consumer's newest delivery remembered (never moving backwards).
 NUMBERED = """, numbers AS (
-    SELECT nextval('bridge_delivery_seq') AS seq FROM claimed
+    SELECT claimed.id, nextval('bridge_delivery_seq') AS seq FROM claimed
 ), recorded AS (
     INSERT INTO bridge_consumer (consumer_pk, last_delivery_seq, last_stream_seq,
                                  last_delivered_at)
@@ -192,7 +192,9 @@ def _claim_sql(key: str, numbered: bool) -> str:
     # one left nothing due).
     claimed_columns = ", ".join(f"claimed.{c.strip()}" for c in JOB_COLUMNS.split(","))
     message_columns = ", ".join(f"message.{c.strip()}" for c in MESSAGE_COLUMNS.split(","))
-    seqs = "ARRAY(SELECT seq FROM numbers ORDER BY seq)" if numbered else "NULL"
+    # One sequence value per row (an array on every row would cost the client n squared).
+    seqs = "numbers.seq" if numbered else "NULL"
+    join_numbers = "JOIN numbers ON numbers.id = claimed.id" if numbered else ""
     return f"""
 WITH named AS ({NAMED[key]}
       AND consumer.max_ack_pending IS NULL
@@ -223,7 +225,7 @@ SELECT {claimed_columns}, {message_columns}, {seqs},
             ORDER BY job.priority DESC, job.id
             LIMIT {PENDING_COUNT_CAP} + %(limit)s
         ) AS ahead) - (SELECT n FROM counted)) END
-FROM claimed JOIN message ON message.pk = claimed.message_pk
+FROM claimed JOIN message ON message.pk = claimed.message_pk {join_numbers}
 ORDER BY claimed.priority DESC, claimed.id
 """
 
@@ -295,7 +297,7 @@ async def claim(
     return Claimed(
         [_claimed_job(row) for row in rows],
         min(int(last[-1]), PENDING_COUNT_CAP),
-        list(last[-2]) if numbered else [],
+        sorted(row[-2] for row in rows) if numbered else [],
     )
 
 
