@@ -65,19 +65,24 @@ class Database:
         if self.waker is not None:
             self.waker.wake(consumer_pks)
 
-    async def run_alone(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def run_alone(
+        self, sql: str, params: dict[str, Any], *, prepare: bool | None = None
+    ) -> list[tuple[Any, ...]]:
         """One driver-level statement in its own implicit transaction (autocommit).
 
         For hot paths that fit one statement: no BEGIN and COMMIT round trips, and no SQL
-        compilation. `sql` uses the driver's %(name)s placeholders.
+        compilation. `sql` uses the driver's %(name)s placeholders. `prepare`: psycopg's
+        (None: prepared once it has run a few times, then usually with a generic plan).
         """
         async with self.engine.connect() as conn:
             # The pool still owns the connection (checkout, reset, discard on error); the
             # statement itself goes straight to psycopg, skipping SQLAlchemy's result rows.
             await conn.execution_options(isolation_level="AUTOCOMMIT")
             raw = await conn.get_raw_connection()
-            async with raw.driver_connection.cursor() as cursor:
-                await cursor.execute(sql, params)
+            driver = raw.driver_connection
+            assert driver is not None
+            async with driver.cursor() as cursor:
+                await cursor.execute(sql, params, prepare=prepare)
                 return await cursor.fetchall() if cursor.description is not None else []
 
     async def dispose(self) -> None:
