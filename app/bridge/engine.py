@@ -35,7 +35,7 @@ MIN_RECHECK_SECONDS = 0.02
 # After a failed claim (database down), wait this long before trying again.
 RETRY_SECONDS = 0.5
 # Claim statements one consumer's waiting requests may have running at once.
-PARALLEL_CLAIMS = 2
+PARALLEL_CLAIMS = 4
 # A pump whose requests are all answered stays this long for the next one.
 PUMP_LINGER_SECONDS = 5.0
 # While requests wait, the consumer is looked up this often: a deleted one ends them with
@@ -402,7 +402,7 @@ class ConsumerPump:
         plain = [w for w in self.waiters if w.bytes_left is None and self._alive(w)]
         if plain:
             limit = min(sum(w.batch_left for w in plain), max_claim * PARALLEL_CLAIMS)
-            parts = -(-limit // max_claim)
+            parts = min(max(-(-limit // max_claim), len(plain)), PARALLEL_CLAIMS, limit)
             sizes = [limit // parts + (1 if i < limit % parts else 0) for i in range(parts)]
             # Claims of one consumer run side by side (SKIP LOCKED keeps them apart): the
             # waiting requests are filled in the time of one statement instead of several.

@@ -82,7 +82,8 @@ class Database:
             driver = raw.driver_connection
             assert driver is not None
             async with driver.cursor() as cursor:
-                await cursor.execute(sql, params, prepare=prepare)
+                # Binary results: timestamps and payloads decode without text parsing.
+                await cursor.execute(sql, params, prepare=prepare, binary=True)
                 return await cursor.fetchall() if cursor.description is not None else []
 
     async def dispose(self) -> None:

@@ -244,6 +244,9 @@ class Claimed:
     seqs: list[int]  # numbered claims: the delivery sequence numbers, ascending
 
 
+_STATUSES = {status.value: status for status in JobStatus}  # a dict beats Enum() per row
+
+
 def _claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
     j, m = row[:JOB_WIDTH], row[JOB_WIDTH : JOB_WIDTH + MESSAGE_WIDTH]
     headers = m[7]
@@ -252,7 +255,7 @@ def _claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
             id=j[0],
             message_pk=j[1],
             consumer_pk=j[2],
-            status=JobStatus(j[3]),
+            status=_STATUSES[j[3]],
             priority=j[4],
             attempt=j[5],
             retry_count=j[6],
