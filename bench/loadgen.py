@@ -425,6 +425,32 @@ async def pgqueuer_dequeue(spec: Spec, window: Window, rec: Recorder) -> None:
     await asyncio.gather(stopper(), *(one() for _ in range(spec["workers"])))
 
 
+async def pgqueuer_mixed(spec: Spec, window: Window, rec: Recorder) -> None:
+    """pgqueuer the way its own tools/benchmark.py runs it by default: enqueuers adding
+    batches while QueueManagers dequeue in small batches, at the same time."""
+    import psycopg
+    from pgqueuer import Queries
+    from pgqueuer.db import PsycopgDriver
+
+    payload = spec["payload"].encode()
+    size = spec["enqueue_batch"]
+
+    async def enqueuer() -> None:
+        conn = await psycopg.AsyncConnection.connect(spec["dsn"], autocommit=True)
+        try:
+            queries = Queries(PsycopgDriver(conn))
+            while window.running():
+                await queries.enqueue(["bench"] * size, [payload] * size, [0] * size)
+        finally:
+            await conn.close()
+
+    dequeue = dict(spec, workers=spec["dequeue_workers"], batch=spec["dequeue_batch"])
+    await asyncio.gather(
+        pgqueuer_dequeue(dequeue, window, rec),
+        *(enqueuer() for _ in range(spec["enqueue_workers"])),
+    )
+
+
 # -- entry point ----------------------------------------------------------------------------------
 
 
@@ -457,6 +483,8 @@ async def run(spec: Spec) -> dict[str, Any]:
         await pgqueuer_enqueue(spec, window, rec)
     elif mode == "pgqueuer_dequeue":
         await pgqueuer_dequeue(spec, window, rec)
+    elif mode == "pgqueuer_mixed":
+        await pgqueuer_mixed(spec, window, rec)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     return rec.summary()
