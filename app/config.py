@@ -81,6 +81,8 @@ DEFAULTS: dict[str, dict[str, str]] = {
         "max-expires-seconds": "300",
         "max-waiting": "512",
         "sweep-batch-size": "500",
+        "vacuum-interval-seconds": "10",
+        "vacuum-min-dead-jobs": "20000",
     },
     "nats": {
         "mode": "client",
@@ -185,6 +187,10 @@ class PullConfig:
     max_expires_seconds: int
     max_waiting: int
     sweep_batch_size: int
+    # The sweeper vacuums the job table this often (0: never), once this many row versions
+    # are dead: claims walk the dead index entries their predecessors left until a vacuum.
+    vacuum_interval_seconds: int
+    vacuum_min_dead_jobs: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +480,8 @@ def _build(parser: configparser.ConfigParser) -> Config:
         max_expires_seconds=_get(parser, "pull", "max-expires-seconds", _positive_int),
         max_waiting=_get(parser, "pull", "max-waiting", _positive_int),
         sweep_batch_size=_get(parser, "pull", "sweep-batch-size", _positive_int),
+        vacuum_interval_seconds=_get(parser, "pull", "vacuum-interval-seconds", _non_negative_int),
+        vacuum_min_dead_jobs=_get(parser, "pull", "vacuum-min-dead-jobs", _non_negative_int),
     )
     return Config(
         database=database,

@@ -73,7 +73,12 @@ class Runtime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.listener.ready.wait(), timeout=10)
         if self.run_sweeper:
-            sweeper = Sweeper(self.sweeps, self.config.broker.rational_delay_seconds)
+            sweeper = Sweeper(
+                self.sweeps,
+                self.config.broker.rational_delay_seconds,
+                vacuum_interval_seconds=self.config.pull.vacuum_interval_seconds,
+                vacuum_min_dead_jobs=self.config.pull.vacuum_min_dead_jobs,
+            )
             self._spawn(sweeper.run(self._stop), "sweeper")
         if self.run_dispatcher:
             self._start_dispatcher()

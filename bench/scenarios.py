@@ -29,7 +29,7 @@ GUESS = {
     "claim": 40_000.0,
     "batch_ack": 25_000.0,
     "each_ack": 11_000.0,
-    "pull-batch": 6_000.0,
+    "pull-batch": 20_000.0,
     "pull-each": 1_500.0,
     "goproto": 1_000.0,
     "push": 1_500.0,
@@ -968,7 +968,9 @@ class Runner:
         s, env = self.s, self.env
         consumer = "soak"
         seconds = s.soak
-        need = self.need("pull-batch", seconds + 10, 50_000)
+        # The whole soak drains one backlog loaded up front (no refill muddying the rate),
+        # so it must outlast the soak at the rate measured earlier in the run.
+        need = int(self.need("pull-batch", seconds + 10, 50_000) / 1.4 * 1.2)
         self.say(f"  soak: loading {need:,} jobs")
         await env.backlog(consumer, need)
         await db.vacuum(env.conn, "job")

@@ -233,3 +233,25 @@ async def test_sweeper_process_wakes_pulls_of_another_process(
     finally:
         await sweeper.stop()
     assert (again["ID"], again["Attempt"]) == (first["ID"], 2)
+
+
+async def test_vacuum_waits_for_enough_dead_jobs_then_runs(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime, backend: str
+) -> None:
+    if backend != "postgresql":
+        assert not await runtime.sweeps.vacuum_if_needed(0)  # SQLite has nothing to vacuum
+        return
+    assert not await runtime.sweeps.vacuum_if_needed(10**9)
+    for n in range(20):
+        await publish(client, f"m{n}")
+    await pull_jobs(client, k1, batch=20)  # each claim leaves a dead row version behind
+    # Backends report their statistics within seconds, not at once.
+    deadline = time.monotonic() + 20
+    while not await runtime.sweeps.vacuum_if_needed(20):
+        assert time.monotonic() < deadline, "the dead jobs never showed in pg_stat_user_tables"
+        await asyncio.sleep(0.2)
+    rows = await runtime.db.run_alone(
+        "SELECT vacuum_count, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'job'", {}
+    )
+    assert rows[0][0] >= 1
+    assert rows[0][1] < 20

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from app.domain.jobs import RetryPolicy
+from app.store import upkeep
 from app.store.db import Database
 from app.store.jobs import JobStore
 
@@ -19,6 +20,15 @@ class SweepService:
             moved = await JobStore(tx).requeue_expired(self._policy, self._batch)
             tx.announce({j.consumer_pk for j in moved})
         return len(moved)
+
+    async def vacuum_if_needed(self, min_dead_jobs: int) -> bool:
+        """Vacuum the job table (PostgreSQL) once `min_dead_jobs` row versions are dead."""
+        if self._db.dialect != "postgresql":
+            return False
+        if await upkeep.dead_jobs(self._db) < min_dead_jobs:
+            return False
+        await upkeep.vacuum_jobs(self._db)
+        return True
 
     async def sweep_all(self) -> int:
         """Sweep batch after batch until no expired lease is left."""

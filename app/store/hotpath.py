@@ -319,7 +319,8 @@ WITH named AS ({NAMED[key]}
 ), acked AS (
     UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now()
     FROM named, unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS given(id, attempt)
-    WHERE job.id = given.id AND job.consumer_pk = named.pk AND job.status = '{INFLIGHT}'
+    WHERE job.id = given.id AND job.consumer_pk = named.pk
+      AND (job.status || '') = '{INFLIGHT}'  -- no status index: the primary key finds them
       AND (given.attempt IS NULL OR job.attempt = given.attempt)
     RETURNING job.id, named.pk, named.max_ack_pending
 ), told AS (

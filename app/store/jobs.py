@@ -59,6 +59,16 @@ def status_is(status: str) -> ColumnElement[bool]:
     return job.c.status == literal_column(f"'{JobStatus(status).value}'")
 
 
+def status_by_key(status: str) -> ColumnElement[bool]:
+    """`job.status = '<status>'` written so that no index on status can serve it.
+
+    For statements that name their jobs by id, so the primary key finds them. Through the
+    (consumer, status) index an ack read every entry of that status left since the last
+    vacuum, dead ones included: its time grew linearly with the jobs acked before it.
+    """
+    return (job.c.status + literal_column("''")) == literal_column(f"'{JobStatus(status).value}'")
+
+
 def status_in(*statuses: str) -> ColumnElement[bool]:
     return or_(*(status_is(s) for s in statuses))
 
@@ -450,7 +460,7 @@ class JobStore:
                 job.c.id == given.c.id,
                 or_(given.c.attempt.is_(None), job.c.attempt == given.c.attempt),
                 job.c.consumer_pk == consumer_pk,
-                status_is(INFLIGHT),
+                status_by_key(INFLIGHT),
             ]
         fenced = [(i, a) for i, a in targets if a is not None]
         loose = [i for i, a in targets if a is None]
