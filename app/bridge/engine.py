@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 MIN_RECHECK_SECONDS = 0.02
 # After a failed claim (database down), wait this long before trying again.
 RETRY_SECONDS = 0.5
-# Claim statements one consumer's waiting requests may have running at once.
-PARALLEL_CLAIMS = 4
+# Claim statements one consumer's waiting requests may have running at once (each up to
+# max_claim jobs): only demand beyond one statement is split.
+PARALLEL_CLAIMS = 2
 # A pump whose requests are all answered stays this long for the next one.
 PUMP_LINGER_SECONDS = 5.0
 # While requests wait, the consumer is looked up this often: a deleted one ends them with
@@ -211,6 +213,16 @@ class PullEngine:
             for task in pending:
                 task.cancel()
         self._pumps.clear()
+
+
+def _in_stream_order(parts: list[list[Delivery]]) -> list[Delivery]:
+    """Deliveries of claims that ran side by side, merged into queue order (priority, then
+    oldest), with their sequence numbers handed out again in that order."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = sorted((d for part in parts for d in part), key=lambda d: (-d.job.priority, d.job.id))
+    seqs = sorted(d.seq for d in merged)
+    return [dataclasses.replace(d, seq=seq) for d, seq in zip(merged, seqs, strict=True)]
 
 
 @dataclass(eq=False)
@@ -402,17 +414,16 @@ class ConsumerPump:
         plain = [w for w in self.waiters if w.bytes_left is None and self._alive(w)]
         if plain:
             limit = min(sum(w.batch_left for w in plain), max_claim * PARALLEL_CLAIMS)
-            parts = min(max(-(-limit // max_claim), len(plain)), PARALLEL_CLAIMS, limit)
+            parts = -(-limit // max_claim)
             sizes = [limit // parts + (1 if i < limit % parts else 0) for i in range(parts)]
             # Claims of one consumer run side by side (SKIP LOCKED keeps them apart): the
             # waiting requests are filled in the time of one statement instead of several.
             batches = await asyncio.gather(*(service.claim(self.consumer, n) for n in sizes))
             drained = False
-            leftovers: list[Delivery] = []
             for size, batch in zip(sizes, batches, strict=True):
                 self._note(batch, loop)
-                leftovers += self._hand_out(batch.deliveries)
                 drained = drained or len(batch.deliveries) < size or batch.due == 0
+            leftovers = self._hand_out(_in_stream_order([b.deliveries for b in batches]))
             if drained:
                 for w in list(self.waiters):
                     if w.bytes_left is None and w.no_wait and (w.delivered or not w.client_expires):
