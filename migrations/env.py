@@ -35,6 +35,11 @@ def run_migrations_online() -> None:
             )
             with context.begin_transaction():
                 context.run_migrations()
+            if connection.dialect.name == "sqlite":
+                # WAL is kept in the file: set once here, the broker's connections find it
+                # instead of each asking to switch (a switch needs the file to itself).
+                connection.exec_driver_sql("PRAGMA journal_mode=WAL")
+                connection.commit()
         finally:
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_unlock(8071950101)"))

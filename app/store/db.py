@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -122,14 +123,34 @@ def create_engine(config: DatabaseConfig) -> AsyncEngine:
     )
 
 
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA journal_mode")
+    if cursor.fetchone()[0] != "wal":
+        _switch_to_wal(cursor)
     cursor.close()
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """WAL is kept in the file (migrations set it), so this runs for a file never migrated.
+    The switch needs the database to itself and fails at once instead of waiting out the busy
+    timeout, so connections opening one such file together retry it."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except Exception as exc:  # the driver's OperationalError, whichever adapter raised it
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)
 
 
 def _sqlite_on_begin(conn: Any) -> None:
