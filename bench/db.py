@@ -227,7 +227,7 @@ async def statements(conn: psycopg.AsyncConnection[Any], dbname: str) -> list[di
     rows = await (
         await conn.execute(
             """
-            SELECT s.query, s.calls, s.total_exec_time, s.rows, s.total_plan_time
+            SELECT s.query, s.calls, s.total_exec_time, s.rows, s.total_plan_time, s.plans
               FROM pg_stat_statements AS s
               JOIN pg_database AS d ON d.oid = s.dbid
              WHERE d.datname = %s
@@ -237,7 +237,7 @@ async def statements(conn: psycopg.AsyncConnection[Any], dbname: str) -> list[di
         )
     ).fetchall()
     found = []
-    for query, calls, total_ms, nrows, plan_ms in rows:
+    for query, calls, total_ms, nrows, plan_ms, plans in rows:
         text = " ".join(str(query).split())
         if any(mark in text for mark in OWN_STATEMENTS):
             continue
@@ -248,6 +248,7 @@ async def statements(conn: psycopg.AsyncConnection[Any], dbname: str) -> list[di
                 "total_ms": round(float(total_ms), 1),
                 "mean_ms": round(float(total_ms) / max(int(calls), 1), 4),
                 "plan_ms": round(float(plan_ms), 1),
+                "plans": int(plans),
                 "rows": int(nrows),
             }
         )

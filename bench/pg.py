@@ -87,6 +87,7 @@ class Cluster:
             settings |= {
                 "shared_preload_libraries": "pg_stat_statements",
                 "pg_stat_statements.track_utility": "on",
+                "pg_stat_statements.track_planning": "on",
             }
         if not self.durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
