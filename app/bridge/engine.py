@@ -240,6 +240,9 @@ class ConsumerPump:
         self._next_due: float | None = None
         self._next_check = asyncio.get_running_loop().time() + CONSUMER_CHECK_SECONDS
         self._loaded = False
+        # Claims started for the waiting requests' remaining budget while the previous claims
+        # were handed out, and the sizes asked for.
+        self._ahead: tuple[list[int], asyncio.Future[list[ClaimBatch]]] | None = None
         self.task = asyncio.create_task(self._run(), name=f"bridge-pump-{self.consumer.pk}")
 
     # -- requests ---------------------------------------------------------------------------
@@ -317,6 +320,8 @@ class ConsumerPump:
                 waiter.cancel_timers()
             self.engine._pump_done(self)
             with contextlib.suppress(Exception):
+                await self._give_back_ahead()
+            with contextlib.suppress(Exception):
                 await self.engine.out.flush()
 
     async def _relay(self, woken: asyncio.Event) -> None:
@@ -361,6 +366,7 @@ class ConsumerPump:
     async def _linger(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait a while for the next request: a consumer pulling in a loop sends it within
         moments, and a new pump would look its sequences up in the database again."""
+        await self._give_back_ahead()
         deadline = loop.time() + PUMP_LINGER_SECONDS
         while not self.waiters:
             left = deadline - loop.time()
@@ -412,18 +418,29 @@ class ConsumerPump:
         max_claim = self.engine.limits.max_claim
         self._next_due = None  # the claims below say when queued jobs fall due next
         plain = [w for w in self.waiters if w.bytes_left is None and self._alive(w)]
-        if plain:
-            limit = min(sum(w.batch_left for w in plain), max_claim * PARALLEL_CLAIMS)
-            parts = -(-limit // max_claim)
-            sizes = [limit // parts + (1 if i < limit % parts else 0) for i in range(parts)]
-            # Claims of one consumer run side by side (SKIP LOCKED keeps them apart): the
-            # waiting requests are filled in the time of one statement instead of several.
-            batches = await asyncio.gather(*(service.claim(self.consumer, n) for n in sizes))
+        if not plain:
+            await self._give_back_ahead()
+        else:
+            if self._ahead is not None:
+                (sizes, claims), self._ahead = self._ahead, None
+                batches = await claims
+            else:
+                sizes = self._claim_sizes(sum(w.batch_left for w in plain))
+                batches = await self._claims(sizes)
             drained = False
             for size, batch in zip(sizes, batches, strict=True):
                 self._note(batch, loop)
                 drained = drained or len(batch.deliveries) < size or batch.due == 0
-            leftovers = self._hand_out(_in_stream_order([b.deliveries for b in batches]))
+            deliveries = _in_stream_order([b.deliveries for b in batches])
+            # Requests still short of their batch after this hand-out get their next claims
+            # started now, so the database works while these deliveries are encoded and sent.
+            # They are handed out after these, so the order stays the queue's.
+            wanted = sum(w.batch_left for w in self.waiters if w.bytes_left is None)
+            wanted -= len(deliveries)
+            if not drained and wanted > 0:
+                ahead = self._claim_sizes(wanted)
+                self._ahead = (ahead, asyncio.ensure_future(self._claims(ahead)))
+            leftovers = self._hand_out(deliveries)
             if drained:
                 for w in list(self.waiters):
                     if w.bytes_left is None and w.no_wait and (w.delivered or not w.client_expires):
@@ -450,6 +467,27 @@ class ConsumerPump:
                 self._remove(w)
                 self._status(w, *p.NO_MESSAGES)
             await self._release(leftovers)
+
+    def _claim_sizes(self, wanted: int) -> list[int]:
+        max_claim = self.engine.limits.max_claim
+        limit = min(wanted, max_claim * PARALLEL_CLAIMS)
+        parts = -(-limit // max_claim)
+        return [limit // parts + (1 if i < limit % parts else 0) for i in range(parts)]
+
+    async def _claims(self, sizes: list[int]) -> list[ClaimBatch]:
+        # Claims of one consumer run side by side (SKIP LOCKED keeps them apart): the
+        # waiting requests are filled in the time of one statement instead of several.
+        service = self.engine.service
+        return list(await asyncio.gather(*(service.claim(self.consumer, n) for n in sizes)))
+
+    async def _give_back_ahead(self) -> None:
+        """Claims made ahead for requests that have gone since (expired, filled, dropped)."""
+        if self._ahead is None:
+            return
+        _, claims = self._ahead
+        self._ahead = None
+        batches = await claims
+        await self._release([d for batch in batches for d in batch.deliveries])
 
     def _note(self, batch: ClaimBatch, loop: asyncio.AbstractEventLoop) -> None:
         if batch.deliveries:
