@@ -40,6 +40,10 @@ RETRY_SECONDS = 0.5
 PARALLEL_CLAIMS = 2
 # A pump whose requests are all answered stays this long for the next one.
 PUMP_LINGER_SECONDS = 5.0
+# Jobs claimed ahead for the next requests are given back when none comes within this long,
+# and are never handed out once they have waited longer than READY_MAX_AGE_SECONDS.
+READY_GRACE_SECONDS = 0.2
+READY_MAX_AGE_SECONDS = 1.0
 # While requests wait, the consumer is looked up this often: a deleted one ends them with
 # `409 Consumer Deleted`, a changed one (ack wait, max ack pending) is picked up.
 CONSUMER_CHECK_SECONDS = 1.0
@@ -183,6 +187,10 @@ class PullEngine:
     def closed(self) -> bool:
         return self._closed
 
+    def claimed_ahead(self) -> int:
+        """Jobs claimed for requests yet to come: ready to hand out, or being claimed."""
+        return sum(pump.claimed_ahead for pump in self._pumps.values())
+
     def num_waiting(self, consumer_pk: int) -> int:
         pump = self._pumps.get(consumer_pk)
         return len(pump.waiters) if pump is not None and not pump.finished else 0
@@ -240,10 +248,16 @@ class ConsumerPump:
         self._next_due: float | None = None
         self._next_check = asyncio.get_running_loop().time() + CONSUMER_CHECK_SECONDS
         self._loaded = False
-        # Claims started for the waiting requests' remaining budget while the previous claims
-        # were handed out, and the sizes asked for.
+        # Claims started ahead (for budget still wanted, or for the requests a consumer
+        # pulling in a loop sends next), with the sizes asked for; and claimed deliveries
+        # not handed out yet, oldest first, with the time they were claimed.
         self._ahead: tuple[list[int], asyncio.Future[list[ClaimBatch]]] | None = None
+        self._ready: deque[tuple[float, Delivery]] = deque()
         self.task = asyncio.create_task(self._run(), name=f"bridge-pump-{self.consumer.pk}")
+
+    @property
+    def claimed_ahead(self) -> int:
+        return len(self._ready) + (sum(self._ahead[0]) if self._ahead is not None else 0)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -320,7 +334,7 @@ class ConsumerPump:
                 waiter.cancel_timers()
             self.engine._pump_done(self)
             with contextlib.suppress(Exception):
-                await self._give_back_ahead()
+                await self._give_back()
             with contextlib.suppress(Exception):
                 await self.engine.out.flush()
 
@@ -366,12 +380,17 @@ class ConsumerPump:
     async def _linger(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait a while for the next request: a consumer pulling in a loop sends it within
         moments, and a new pump would look its sequences up in the database again."""
-        await self._give_back_ahead()
-        deadline = loop.time() + PUMP_LINGER_SECONDS
+        start = loop.time()
+        deadline = start + PUMP_LINGER_SECONDS
         while not self.waiters:
-            left = deadline - loop.time()
+            now = loop.time()
+            if now - start >= READY_GRACE_SECONDS or self.engine.closed:
+                await self._give_back()
+            left = deadline - now
             if left <= 0 or self.engine.closed:
                 return False
+            if self._ahead or self._ready:
+                left = min(left, max(start + READY_GRACE_SECONDS - now, 0.001))
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), left)
@@ -419,36 +438,39 @@ class ConsumerPump:
         self._next_due = None  # the claims below say when queued jobs fall due next
         plain = [w for w in self.waiters if w.bytes_left is None and self._alive(w)]
         if not plain:
-            await self._give_back_ahead()
+            await self._give_back()
         else:
-            if self._ahead is not None:
-                (sizes, claims), self._ahead = self._ahead, None
-                batches = await claims
-            else:
-                sizes = self._claim_sizes(sum(w.batch_left for w in plain))
-                batches = await self._claims(sizes)
             drained = False
-            for size, batch in zip(sizes, batches, strict=True):
-                self._note(batch, loop)
-                drained = drained or len(batch.deliveries) < size or batch.due == 0
-            deliveries = _in_stream_order([b.deliveries for b in batches])
-            # Requests still short of their batch after this hand-out get their next claims
-            # started now, so the database works while these deliveries are encoded and sent.
-            # They are handed out after these, so the order stays the queue's.
-            wanted = sum(w.batch_left for w in self.waiters if w.bytes_left is None)
-            wanted -= len(deliveries)
-            if not drained and wanted > 0:
-                ahead = self._claim_sizes(wanted)
-                self._ahead = (ahead, asyncio.ensure_future(self._claims(ahead)))
+            if self._ahead is not None:
+                drained = await self._take_ahead(loop)
+            await self._release(self._stale_ready(loop.time()))
+            wanted = sum(w.batch_left for w in plain)
+            if not drained and len(self._ready) < wanted:
+                sizes = self._claim_sizes(wanted - len(self._ready))
+                drained = self._keep(sizes, await self._claims(sizes), loop)
+            deliveries = [d for _, d in self._ready]
+            self._ready.clear()
             leftovers = self._hand_out(deliveries)
+            now = loop.time()
+            self._ready.extend((now, d) for d in leftovers)
+            still = sum(w.batch_left for w in self.waiters if w.bytes_left is None)
+            if not drained:
+                # While these are sent, the database claims what the requests still want or,
+                # when they are filled, as much again for the next requests of a consumer
+                # pulling in a loop (given back if none comes within READY_GRACE_SECONDS).
+                # Whatever is claimed ahead is handed out after what is ready now, so the
+                # order stays the queue's.
+                ahead = max(still, wanted) - len(self._ready)
+                if ahead > 0:
+                    sizes = self._claim_sizes(ahead)
+                    self._ahead = (sizes, asyncio.ensure_future(self._claims(sizes)))
             if drained:
                 for w in list(self.waiters):
                     if w.bytes_left is None and w.no_wait and (w.delivered or not w.client_expires):
                         self._remove(w)
                         self._status(w, *p.NO_MESSAGES)
-            else:
+            elif still > 0:
                 self._dirty = True
-            await self._release(leftovers)
         for w in [w for w in self.waiters if w.bytes_left is not None]:
             if w not in self.waiters or not self._alive(w):
                 continue
@@ -480,14 +502,41 @@ class ConsumerPump:
         service = self.engine.service
         return list(await asyncio.gather(*(service.claim(self.consumer, n) for n in sizes)))
 
-    async def _give_back_ahead(self) -> None:
-        """Claims made ahead for requests that have gone since (expired, filled, dropped)."""
-        if self._ahead is None:
-            return
-        _, claims = self._ahead
-        self._ahead = None
-        batches = await claims
-        await self._release([d for batch in batches for d in batch.deliveries])
+    async def _take_ahead(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Wait for the claims started ahead and add them to the ready deliveries; True when
+        they found the queue drained."""
+        assert self._ahead is not None
+        (sizes, claims), self._ahead = self._ahead, None
+        return self._keep(sizes, await claims, loop)
+
+    def _keep(
+        self, sizes: list[int], batches: list[ClaimBatch], loop: asyncio.AbstractEventLoop
+    ) -> bool:
+        drained = False
+        for size, batch in zip(sizes, batches, strict=True):
+            self._note(batch, loop)
+            drained = drained or len(batch.deliveries) < size or batch.due == 0
+        now = loop.time()
+        self._ready.extend((now, d) for d in _in_stream_order([b.deliveries for b in batches]))
+        return drained
+
+    def _stale_ready(self, now: float) -> list[Delivery]:
+        """Ready deliveries kept too long to hand out: their leases have run on meanwhile."""
+        stale: list[Delivery] = []
+        while self._ready and now - self._ready[0][0] > READY_MAX_AGE_SECONDS:
+            stale.append(self._ready.popleft()[1])
+        return stale
+
+    async def _give_back(self) -> None:
+        """Claims made ahead for requests that did not come (or have gone since)."""
+        if self._ahead is not None:
+            _, claims = self._ahead
+            self._ahead = None
+            for batch in await claims:
+                self._ready.extend((0.0, d) for d in batch.deliveries)
+        ready = [d for _, d in self._ready]
+        self._ready.clear()
+        await self._release(ready)
 
     def _note(self, batch: ClaimBatch, loop: asyncio.AbstractEventLoop) -> None:
         if batch.deliveries:

@@ -1,5 +1,6 @@
-"""Requests whose budgets outrun one round of claims: the next claims start while a round is
-handed out, and still every request is served in queue order with nothing over-claimed."""
+"""Claims ahead: while a round is handed out the bridge claims what the waiting requests still
+want, or as much again for the next requests of a consumer pulling in a loop. Requests are
+still served in queue order, and what nobody asks for is given back."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from nats.aio.msg import Msg
 from sqlalchemy import text
 
+from app.bridge import engine
+from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from tests.bridge.conftest import SEED, BridgeFactory, NatsServer, eventually
 from tests.bridge.test_drain import bulk_publish
@@ -30,7 +33,7 @@ def extra_config() -> str:
 async def test_requests_beyond_one_round_get_the_queue_in_order(
     mode: str, hub: NatsServer, make_bridge: BridgeFactory, runtime: Runtime
 ) -> None:
-    await make_bridge(mode, sweeper=False)
+    bridge = await make_bridge(mode, sweeper=False)
     await bulk_publish(runtime, QUEUED)
     arrived: list[tuple[str, int, int]] = []  # (request inbox, stream seq, consumer seq)
     done = asyncio.Event()
@@ -64,21 +67,55 @@ async def test_requests_beyond_one_round_get_the_queue_in_order(
         f"_INBOX.ahead.{n}": BATCH for n in range(REQUESTS)
     }
 
-    async def settled() -> bool:
-        async with runtime.db.transaction() as tx:
-            rows = await tx.conn.execute(
-                text("SELECT status, attempt, count(*) FROM job GROUP BY status, attempt")
-            )
-            counts = {(status, attempt): n for status, attempt, n in rows.all()}
-        # Exactly the delivered jobs are leased, once each; the rest wait unclaimed.
-        return counts == {
-            ("INFLIGHT", 1): REQUESTS * BATCH,
-            ("QUEUED", 0): QUEUED - REQUESTS * BATCH,
-        }
-
-    await eventually(settled, within=10)
+    # Once no request comes, what was claimed ahead is given back: exactly the delivered jobs
+    # are leased, once each, and the rest wait unclaimed.
+    await eventually(lambda: settled(bridge, runtime, REQUESTS * BATCH, QUEUED), within=10)
     async with runtime.db.transaction() as tx:
         leased = set(
             (await tx.conn.execute(text("SELECT id FROM job WHERE status = 'INFLIGHT'"))).scalars()
         )
     assert leased == set(stream_seqs)
+
+
+async def job_counts(runtime: Runtime) -> dict[tuple[str, int], int]:
+    async with runtime.db.transaction() as tx:
+        rows = await tx.conn.execute(
+            text("SELECT status, attempt, count(*) FROM job GROUP BY status, attempt")
+        )
+        return {(status, attempt): n for status, attempt, n in rows.all()}
+
+
+async def settled(bridge: Bridge, runtime: Runtime, delivered: int, queued: int) -> bool:
+    if bridge.engine.claimed_ahead():
+        return False
+    expected = {("INFLIGHT", 1): delivered, ("QUEUED", 0): queued - delivered}
+    return await job_counts(runtime) == {k: n for k, n in expected.items() if n}
+
+
+async def test_the_next_request_gets_jobs_claimed_ahead_and_the_rest_go_back(
+    hub: NatsServer, make_bridge: BridgeFactory, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine, "READY_GRACE_SECONDS", 1.0)
+    bridge = await make_bridge("client", sweeper=False)
+    await bulk_publish(runtime, 3 * BATCH)
+    nc = await nats.connect(hub.url)
+    try:
+        psub = await nc.jetstream().pull_subscribe_bind("workers", stream="orders")
+        first = await psub.fetch(BATCH, timeout=5)
+
+        async def held() -> bool:
+            counts = await job_counts(runtime)
+            return bridge.engine.claimed_ahead() == BATCH and counts[("INFLIGHT", 1)] == 2 * BATCH
+
+        # A consumer that pulled 10 is likely to pull 10 again: they are claimed already.
+        await eventually(held, within=0.9)
+        second = await psub.fetch(BATCH, timeout=5)
+    finally:
+        await nc.close()
+    # (In client mode the ack subject has the bridge's prefix, so nats-py cannot parse it.)
+    tokens = [m.reply.split(".") for m in first + second]
+    assert [int(t[-4]) for t in tokens] == list(range(1, 2 * BATCH + 1))  # stream sequences
+    consumer_seqs = [int(t[-3]) for t in tokens]
+    assert consumer_seqs == sorted(consumer_seqs)
+    # The ten claimed after the second fetch are given back when no third request comes.
+    await eventually(lambda: settled(bridge, runtime, 2 * BATCH, 3 * BATCH), within=10)
