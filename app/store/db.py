@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.util import greenlet_spawn
 
 from app.config import DatabaseConfig
 
@@ -75,17 +76,26 @@ class Database:
         compilation. `sql` uses the driver's %(name)s placeholders. `prepare`: psycopg's
         (None: prepared once it has run a few times, then usually with a generic plan).
         """
-        async with self.engine.connect() as conn:
-            # The pool still owns the connection (checkout, reset, discard on error); the
-            # statement itself goes straight to psycopg, skipping SQLAlchemy's result rows.
-            await conn.execution_options(isolation_level="AUTOCOMMIT")
-            raw = await conn.get_raw_connection()
+        # Straight from the pool to psycopg: a Connection and its execution options would
+        # cost more Python than the statement takes on the server.
+        raw = await self.engine.raw_connection()
+        try:
             driver = raw.driver_connection
             assert driver is not None
+            await driver.set_autocommit(True)
             async with driver.cursor() as cursor:
                 # Binary results: timestamps and payloads decode without text parsing.
                 await cursor.execute(sql, params, prepare=prepare, binary=True)
-                return await cursor.fetchall() if cursor.description is not None else []
+                rows = await cursor.fetchall() if cursor.description is not None else []
+            await driver.set_autocommit(False)
+            return rows
+        except BaseException:
+            # The pool must never get back a connection left in autocommit or mid-statement
+            # (cancelled): transactions would silently run statement by statement on it.
+            await greenlet_spawn(raw.invalidate)
+            raise
+        finally:
+            await greenlet_spawn(raw.close)
 
     async def dispose(self) -> None:
         await self.engine.dispose()
