@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 
+from app.api.responses import JSONResponse
 from app.domain import errors
 
 STATUS: dict[type[errors.BrokerError], int] = {

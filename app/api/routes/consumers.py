@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
 
 from app.api import views
 from app.api.deps import AdminDep, CursorDep, FormDep, RuntimeDep
+from app.api.responses import JSONResponse
 from app.api.routes.stakeholders import UnmodifiedSince
 from app.domain.models import Consumer
 from app.services.admin import ConsumerForm, http_date

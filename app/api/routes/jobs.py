@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from app.api import views
 from app.api.body import MAX_INT32, body_after_credentials, json_object, whole_number
 from app.api.deps import CredentialsDep, CursorDep, RuntimeDep
+from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, parse_next_state
 from app.services.delivery import ConsumerCredentials

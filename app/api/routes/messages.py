@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from app.api import views
 from app.api.deps import CursorDep, RuntimeDep
+from app.api.responses import JSONResponse
 from app.domain.errors import PayloadTooLarge
 from app.services.publishing import Broadcast
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from app.api import views
 from app.api.body import (
@@ -18,6 +17,7 @@ from app.api.body import (
     whole_number,
 )
 from app.api.deps import CredentialsDep, RuntimeDep
+from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
 from app.services.delivery import AckItem, PullRequest

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header
-from fastapi.responses import JSONResponse
 
 from app.api import views
 from app.api.deps import AdminDep, CursorDep, FormDep, RuntimeDep
+from app.api.responses import JSONResponse
 from app.domain.models import Stakeholder
 from app.services.admin import http_date
 

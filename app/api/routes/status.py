@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from app.api.deps import RuntimeDep
+from app.api.responses import JSONResponse
 
 router = APIRouter(tags=["status"])
 
