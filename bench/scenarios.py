@@ -71,8 +71,8 @@ class Runner:
         self.say(f"  {measured.name}: {rate}")
         return measured
 
-    def need(self, key: str, seconds: float, minimum: int = 0) -> int:
-        return max(minimum, int(self.rates.get(key, 1000.0) * seconds * 1.4))
+    def need(self, key: str, seconds: float, minimum: int = 0, margin: float = 1.4) -> int:
+        return max(minimum, int(self.rates.get(key, 1000.0) * seconds * margin))
 
     async def exhausted(self, m: Measured, consumer: str) -> None:
         left = await db.queued(self.env.conn, self.env.pks[consumer])
@@ -970,7 +970,7 @@ class Runner:
         seconds = s.soak
         # The whole soak drains one backlog loaded up front (no refill muddying the rate),
         # so it must outlast the soak at the rate measured earlier in the run.
-        need = int(self.need("pull-batch", seconds + 10, 50_000) / 1.4 * 1.2)
+        need = self.need("pull-batch", seconds + 10, 50_000, margin=1.2)
         self.say(f"  soak: loading {need:,} jobs")
         await env.backlog(consumer, need)
         await db.vacuum(env.conn, "job")

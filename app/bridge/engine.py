@@ -529,14 +529,13 @@ class ConsumerPump:
 
     async def _give_back(self) -> None:
         """Claims made ahead for requests that did not come (or have gone since)."""
+        batches: list[ClaimBatch] = []
         if self._ahead is not None:
-            _, claims = self._ahead
-            self._ahead = None
-            for batch in await claims:
-                self._ready.extend((0.0, d) for d in batch.deliveries)
-        ready = [d for _, d in self._ready]
+            (_, claims), self._ahead = self._ahead, None
+            batches = await claims
+        held = [d for _, d in self._ready] + [d for b in batches for d in b.deliveries]
         self._ready.clear()
-        await self._release(ready)
+        await self._release(held)
 
     def _note(self, batch: ClaimBatch, loop: asyncio.AbstractEventLoop) -> None:
         if batch.deliveries:
