@@ -2,10 +2,14 @@
 
 The statements are those app/store/jobs.py and app/store/messages.py issue (as SQLAlchemy
 renders them for psycopg: statuses and numbers are bind parameters, the same columns come
-back), run with `-M prepared` as psycopg does after a few executions. What the ceiling leaves
-out is the broker's overhead, on purpose: credential lookups, the per-pull queue statistics,
-BEGIN/COMMIT round trips and the pool's pre-ping. Each claim is ONE statement here that also
-reads the claimed jobs' messages (the broker sends two in one transaction).
+back), run with `-M prepared` as psycopg does after a few executions. Statuses and the batch
+size are written into the claim and ack texts, as the hot paths (app/store/hotpath.py) write
+them: with them as parameters a generic plan cannot use the partial claim index or price the
+LIMIT, so PostgreSQL planned every statement anew, a cost the broker no longer pays.
+
+What the ceiling leaves out is the broker's overhead, on purpose: credential lookups, the
+per-pull queue statistics, BEGIN/COMMIT round trips and the pool's pre-ping. Each claim is ONE
+statement that also reads the claimed jobs' messages, as the broker's hot claim is.
 
 Scripts:
   claim      claim `batch` jobs (+ their messages)
@@ -26,20 +30,20 @@ from typing import Any
 from bench.loadgen import percentiles
 
 CLAIM = (
-    "UPDATE job SET status=:st_i::VARCHAR, attempt=(job.attempt + :one::INTEGER), "
+    "UPDATE job SET status='INFLIGHT', attempt=(job.attempt + :one::INTEGER), "
     "incremental_timeout=:zero::INTEGER, "
     "lease_expires_at=(now() + CAST(:ack_wait AS FLOAT) * interval '1 second'), "
     "claimed_at=now(), status_changed_at=now() "
     "WHERE job.id IN (SELECT job.id FROM job WHERE job.consumer_pk = :cpk::BIGINT "
-    "AND job.status = :st_q::VARCHAR AND job.earliest_next_attempt_at <= now() "
-    "ORDER BY job.priority DESC, job.id LIMIT :batch::INTEGER FOR UPDATE SKIP LOCKED) "
-    "AND job.status = :st_q::VARCHAR RETURNING job.*"
+    "AND job.status = 'QUEUED' AND job.earliest_next_attempt_at <= now() "
+    "ORDER BY job.priority DESC, job.id LIMIT {batch} FOR UPDATE SKIP LOCKED) "
+    "AND job.status = 'QUEUED' RETURNING job.*"
 )
 
 ACK = (
-    "UPDATE job SET status=:st_d::VARCHAR, lease_expires_at=NULL::TIMESTAMP WITH TIME ZONE, "
+    "UPDATE job SET status='DELIVERED', lease_expires_at=NULL::TIMESTAMP WITH TIME ZONE, "
     "status_changed_at=now() WHERE job.consumer_pk = :cpk::BIGINT "
-    "AND job.status = :st_i::VARCHAR AND (job.id, job.attempt) IN ({pairs}) RETURNING job.*"
+    "AND job.status = 'INFLIGHT' AND (job.id, job.attempt) IN ({pairs}) RETURNING job.*"
 )
 
 PUBLISH = [
@@ -82,7 +86,8 @@ def claim_command(batch: int, with_ids: bool) -> str:
             columns.append(f"coalesce(agg.ids[{k}], 0) AS i{k}")
             columns.append(f"coalesce(agg.atts[{k}], 0) AS a{k}")
     return (
-        f"WITH claimed AS ({CLAIM}), agg AS (SELECT array_agg(c.id ORDER BY c.id) AS ids, "
+        f"WITH claimed AS ({CLAIM.format(batch=batch)}), "
+        "agg AS (SELECT array_agg(c.id ORDER BY c.id) AS ids, "
         "array_agg(c.attempt ORDER BY c.id) AS atts, array_agg(c.*)::text AS job_rows "
         f"FROM claimed AS c) SELECT {', '.join(columns)} FROM agg \\gset"
     )
