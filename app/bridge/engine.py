@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -230,7 +229,7 @@ def _in_stream_order(parts: list[list[Delivery]]) -> list[Delivery]:
         return parts[0]
     merged = sorted((d for part in parts for d in part), key=lambda d: (-d.job.priority, d.job.id))
     seqs = sorted(d.seq for d in merged)
-    return [dataclasses.replace(d, seq=seq) for d, seq in zip(merged, seqs, strict=True)]
+    return [d._replace(seq=seq) for d, seq in zip(merged, seqs, strict=True)]
 
 
 @dataclass(eq=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from app.domain.jobs import AckType, JobStatus, RetryPolicy
 from app.domain.models import ClaimedJob, Consumer, Job, Message
@@ -23,8 +24,7 @@ from app.store.stakeholders import ConsumerStore, channels
 # jobs; counting a deep backlog exactly on every claim would cost more than the claim.
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """One claimed job on its way to a requester."""
 
     job: Job
