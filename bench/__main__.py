@@ -187,14 +187,16 @@ async def run(settings: Settings) -> int:
             ("push", runner.push),
             ("wakeup", runner.wakeup),
             ("idle", runner.idle),
-            ("jetstream", runner.jetstream),
-            ("bridge", runner.bridge),
+            ("nats", runner.nats_pairs),
             ("pgqueuer", runner.pgqueuer),
             ("backlog", runner.backlog_latency),
         ]
         for name, step in steps:
             if name == "pairs":
                 if not any(settings.wants(x) for x in ("pull-batch", "pull-each", "publish")):
+                    continue
+            elif name == "nats":
+                if not any(settings.wants(x) for x in ("jetstream", "bridge")):
                     continue
             elif not settings.wants(name):
                 continue

@@ -528,16 +528,36 @@ class Runner:
 
     # -- NATS JetStream, and the bridge ----------------------------------------------------------
 
-    async def jetstream(self) -> Measured:
+    async def nats_pairs(self) -> None:
+        """Real JetStream and the bridge back to back, `rounds` times, like the ceiling pairs:
+        the bridge's ratio is the median of the rounds' ratios (either runs alone when the
+        other is not wanted)."""
+        s = self.s
+        for round_no in range(1, s.rounds + 1):
+            suffix = f" [round {round_no}]" if s.rounds > 1 else ""
+            js = await self.jetstream(suffix) if s.wants("jetstream") else None
+            bridge = await self.bridge(suffix) if s.wants("bridge") else None
+            if bridge is not None and bridge.status != "ok":
+                return  # not available or failed: once says it
+            if js is not None and bridge is not None and js.rate:
+                self.pairs.setdefault("bridge", []).append(
+                    {
+                        "ceiling": round(js.rate, 1),
+                        "ours": round(bridge.rate, 1),
+                        "ratio": round(bridge.rate / js.rate, 4),
+                    }
+                )
+
+    async def jetstream(self, suffix: str = "") -> Measured:
         """Real JetStream; run again, once, with a bigger stream if the backlog ran dry."""
-        m = await self._jetstream_once()
+        m = await self._jetstream_once(suffix)
         if any("ran out" in note for note in m.notes):
             self.say(f"  JetStream: backlog ran out at {m.rate:,.0f} msgs/s; again, bigger")
             self.rates["jetstream"] = m.rate * 1.6
-            m = await self._jetstream_once()
+            m = await self._jetstream_once(suffix)
         return self.keep(m)
 
-    async def _jetstream_once(self) -> Measured:
+    async def _jetstream_once(self, suffix: str) -> Measured:
         import nats
 
         s, env = self.s, self.env
@@ -576,7 +596,7 @@ class Runner:
                 return int((await js.stream_info("BENCH")).state.messages)
 
             m = await self.measure_nats(
-                f"NATS JetStream: nats-py fetch({s.batch}) + ack(), {s.pollers} pullers",
+                f"NATS JetStream: nats-py fetch({s.batch}) + ack(), {s.pollers} pullers{suffix}",
                 spec,
                 meter,
                 stream_messages,
@@ -640,10 +660,10 @@ class Runner:
             m.notes.append(f"client errors: {result['errors'][:2]}")
         return m
 
-    async def bridge(self) -> Measured:
+    async def bridge(self, suffix: str = "") -> Measured:
         s, env = self.s, self.env
         assert env.broker is not None
-        name = f"NATS bridge: nats-py fetch({s.batch}) + ack(), {s.pollers} pullers"
+        name = f"NATS bridge: nats-py fetch({s.batch}) + ack(), {s.pollers} pullers{suffix}"
         available, reason = await asyncio.to_thread(
             bridge_available, env.broker.config, env.workdir
         )
@@ -686,7 +706,7 @@ class Runner:
             meter.add("bridge", bridge.pid)
             meter.add("nats", server.pid)
             profiling = None
-            if s.profile:
+            if s.profile and "bridge" not in self.profiles:
                 # Sampled through the window (after the warm-up), alongside the measured run.
                 profiling = asyncio.create_task(
                     self.delayed_profile(bridge.pid, s.warmup, s.duration, "bridge")
