@@ -15,8 +15,8 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from nats.nuid import NUID
 
@@ -43,8 +43,11 @@ _KINDS: dict[p.AckKind, AckType] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class InboundAck:
+# Only NAK and TERM are advised (as on the server); plain acks skip the advisory work.
+_ADVISED = frozenset({p.AckKind.NAK, p.AckKind.TERM})
+
+
+class InboundAck(NamedTuple):
     token: p.AckToken
     command: p.AckCommand
     reply: str | None
@@ -140,7 +143,7 @@ class AckProcessor:
         now = datetime.now(UTC)
         dead_ids = {j.id for j in dead}
         for ack, status in zip(acks, statuses, strict=True):
-            if status != 202:
+            if status != 202 or ack.command.kind not in _ADVISED:
                 continue
             token = ack.token
             common: dict[str, object] = {

@@ -100,9 +100,12 @@ def delivery_headers(delivery: Delivery) -> list[tuple[str, str]]:
     return list(headers.items())
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def timestamp_ns(moment: datetime) -> int:
     aware = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    delta = aware - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = aware - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
 
 

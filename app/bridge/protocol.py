@@ -8,12 +8,13 @@ ack payloads, Go durations, and the JSON documents of the JetStream API, exactly
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 NANOS = 1_000_000_000
 HEADER_LINE = b"NATS/1.0"
@@ -277,7 +278,9 @@ def _decode_go_object(
 
 
 def _clean(value: str) -> str:
-    return value.replace("\r", " ").replace("\n", " ").strip()
+    if "\r" in value or "\n" in value:
+        value = value.replace("\r", " ").replace("\n", " ")
+    return value.strip()
 
 
 def status_block(code: int, description: str, headers: Iterable[tuple[str, str]] = ()) -> bytes:
@@ -306,11 +309,20 @@ def heartbeat_block(last_consumer_seq: int, last_stream_seq: int) -> bytes:
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 
+@functools.lru_cache(maxsize=1024)
+def _token_name(name: str) -> bool:
+    # Cached: every message carries the same few names, checked once per delivery otherwise.
+    return _HEADER_NAME.match(name) is not None
+
+
 def message_header_block(headers: Iterable[tuple[str, str]]) -> bytes:
     """`NATS/1.0` and the message's headers (names that are not valid tokens are dropped)."""
-    lines = ["NATS/1.0"]
-    lines.extend(f"{name}: {_clean(value)}" for name, value in headers if _HEADER_NAME.match(name))
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+    lines = ["NATS/1.0\r\n"]
+    for name, value in headers:
+        if _token_name(name):
+            lines.append(f"{name}: {_clean(value)}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,8 +358,7 @@ def parse_header_block(block: bytes) -> tuple[Status | None, dict[str, str]]:
 DEFAULT_ACK_PREFIX = "$JS.ACK"
 
 
-@dataclass(frozen=True, slots=True)
-class AckToken:
+class AckToken(NamedTuple):
     """The fields of `<prefix>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts ns>.<pending>`."""
 
     stream: str
@@ -377,7 +388,7 @@ def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
         numbers = [int(part) for part in parts[2:]]
     except ValueError:
         return None
-    if any(n < 0 for n in numbers) or numbers[0] < 1 or numbers[1] < 1:
+    if min(numbers) < 0 or numbers[0] < 1 or numbers[1] < 1:
         return None
     delivered, stream_seq, consumer_seq, timestamp, pending = numbers
     return AckToken(parts[0], parts[1], delivered, stream_seq, consumer_seq, timestamp, pending)
@@ -395,18 +406,20 @@ class AckKind(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
-class AckCommand:
+class AckCommand(NamedTuple):
     kind: AckKind
     delay: float | None = None  # seconds, NAK only
     reason: str | None = None  # TERM only
     next_request: bytes = b""  # NEXT only: the pull request that follows the ack
 
 
+_PLAIN_ACK = AckCommand(AckKind.ACK)
+
+
 def parse_ack(body: bytes) -> AckCommand:
     """Ack payload as processAck reads it; an unreadable NAK delay is a plain NAK."""
     if body in (b"", b"+ACK", b"+OK"):
-        return AckCommand(AckKind.ACK)
+        return _PLAIN_ACK
     if body.startswith(b"+NXT"):
         return AckCommand(AckKind.NEXT, next_request=body[4:].strip())
     if body.startswith(b"-NAK"):

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import overload
+from typing import NamedTuple, overload
 
 from app.domain.errors import Conflict, InvalidInput, NotFound, TooManyWaiting
 from app.domain.jobs import AckType, JobStatus, RetryPolicy, check_seed_transition
@@ -61,8 +61,7 @@ class PullResult:
     pending: int
 
 
-@dataclass(frozen=True, slots=True)
-class AckItem:
+class AckItem(NamedTuple):
     id: int
     type: AckType
     attempt: int | None = None
@@ -70,8 +69,7 @@ class AckItem:
     reason: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AckOutcome:
+class AckOutcome(NamedTuple):
     id: int
     status: int  # 202 accepted, 200 progress, 404 unknown job, 409 not in flight / stale attempt
     detail: str = ""
