@@ -156,16 +156,11 @@ NAMED = {
 
 # -- claim -------------------------------------------------------------------------------------
 
-JOB_COLUMNS = (
-    "id, message_pk, consumer_pk, status, priority, attempt, retry_count, incremental_timeout,"
-    " lease_expires_at, earliest_next_attempt_at, status_changed_at, created_at, dead_reason,"
-    " last_error"
-)
-MESSAGE_COLUMNS = (
-    "pk, channel_id, message_id, producer_id, payload, content_type, priority, headers, received_at"
-)
-JOB_WIDTH = len(JOB_COLUMNS.split(","))
-MESSAGE_WIDTH = len(MESSAGE_COLUMNS.split(","))
+# The claim returns the records' fields in their order, so a row builds each record as it is.
+JOB_FIELDS = Job._fields
+MESSAGE_FIELDS = Message._fields
+JOB_WIDTH = len(JOB_FIELDS)
+MESSAGE_WIDTH = len(MESSAGE_FIELDS)
 
 # The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
 # consumer's newest delivery remembered (never moving backwards).
@@ -195,8 +190,8 @@ def claim_sql(key: str, numbered: bool, limit: int) -> str:
     # prices a generic plan for a tenth of the table, so it planned every claim anew (0.3 ms,
     # a tenth of the claim); a batch size of its own lets the generic plan win as it should.
     limit = int(limit)
-    claimed_columns = ", ".join(f"claimed.{c.strip()}" for c in JOB_COLUMNS.split(","))
-    message_columns = ", ".join(f"message.{c.strip()}" for c in MESSAGE_COLUMNS.split(","))
+    claimed_columns = ", ".join(f"claimed.{name}" for name in JOB_FIELDS)
+    message_columns = ", ".join(f"message.{name}" for name in MESSAGE_FIELDS)
     # One sequence value per row (an array on every row would cost the client n squared).
     seqs = "numbers.seq" if numbered else "NULL"
     join_numbers = "JOIN numbers ON numbers.id = claimed.id" if numbered else ""
@@ -250,36 +245,15 @@ _STATUSES = {status.value: status for status in JobStatus}  # a dict beats Enum(
 
 
 def _claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
-    j, m = row[:JOB_WIDTH], row[JOB_WIDTH : JOB_WIDTH + MESSAGE_WIDTH]
+    # Positionally, in the fields' order as the claim returns them: half the cost of keywords.
+    j = row[:JOB_WIDTH]
+    m = row[JOB_WIDTH : JOB_WIDTH + MESSAGE_WIDTH]
     headers = m[7]
+    if isinstance(headers, str):
+        headers = json.loads(headers)
     return ClaimedJob(
-        Job(
-            id=j[0],
-            message_pk=j[1],
-            consumer_pk=j[2],
-            status=_STATUSES[j[3]],
-            priority=j[4],
-            attempt=j[5],
-            retry_count=j[6],
-            incremental_timeout=j[7],
-            lease_expires_at=j[8],
-            earliest_next_attempt_at=j[9],
-            status_changed_at=j[10],
-            created_at=j[11],
-            dead_reason=j[12],
-            last_error=j[13],
-        ),
-        Message(
-            pk=m[0],
-            channel_id=m[1],
-            message_id=m[2],
-            producer_id=m[3],
-            payload=bytes(m[4]),
-            content_type=m[5],
-            priority=m[6],
-            headers=dict(json.loads(headers) if isinstance(headers, str) else headers or {}),
-            received_at=m[8],
-        ),
+        Job._make((j[0], j[1], j[2], _STATUSES[j[3]], *j[4:])),
+        Message._make((*m[:4], bytes(m[4]), m[5], m[6], dict(headers or {}), m[8])),
     )
 
 
