@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from app.runtime import Runtime
 from app.services.publishing import Broadcast
@@ -123,6 +123,36 @@ async def publish_many(rt: Runtime, count: int, *, concurrency: int = 8, prefix:
             )
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def bulk_publish(
+    rt: Runtime, count: int, *, channel: str = CHANNEL, producer: str = PRODUCER
+) -> None:
+    """`count` messages and their jobs in two statements (PostgreSQL), then the NOTIFY a
+    publish would send."""
+    async with rt.db.transaction() as tx:
+        await tx.conn.execute(
+            text(
+                "INSERT INTO message (channel_id, message_id, producer_id, payload, content_type,"
+                " priority, headers, received_at)"
+                " SELECT :channel, 'd' || g, :producer, convert_to('job-' || g, 'UTF8'),"
+                " 'text/plain', 0, '{}'::json, now() FROM generate_series(1, :n) AS g"
+            ),
+            {"channel": channel, "producer": producer, "n": count},
+        )
+        pks = (
+            await tx.conn.execute(
+                text(
+                    "INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,"
+                    " earliest_next_attempt_at, status_changed_at, created_at)"
+                    " SELECT m.pk, c.pk, 'QUEUED', 0, length(m.payload), now(), now(), now()"
+                    " FROM message m JOIN consumer c ON c.channel_id = m.channel_id"
+                    " WHERE m.channel_id = :channel RETURNING consumer_pk"
+                ),
+                {"channel": channel},
+            )
+        ).scalars()
+        tx.announce(set(pks))
 
 
 async def job_rows(rt: Runtime, consumer_id: str | None = None) -> list[Any]:

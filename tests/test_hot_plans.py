@@ -12,26 +12,11 @@ import httpx
 import pytest
 
 from app.runtime import Runtime
-from tests.helpers_pull import CHANNEL, PRODUCER, setup_channel
+from tests.helpers_pull import bulk_publish, setup_channel
 
 ROUNDS = 14  # psycopg prepares on the 6th call; PostgreSQL tries 5 custom plans first
 BATCH = 12  # batch acks above ten elements were once left unprepared
 QUEUED = 20_000  # a generic LIMIT $n only looks dear on a table the statistics call big
-
-FILL = """
-WITH stored AS (
-    INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, priority,
-                         headers, received_at)
-    SELECT %(channel)s, 'bulk-' || n, %(producer)s, '\\x00'::bytea, 'text/plain', 0, '{}', now()
-    FROM generate_series(1, %(count)s) AS n
-    RETURNING pk, received_at
-)
-INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
-                 earliest_next_attempt_at, status_changed_at, created_at)
-SELECT stored.pk, consumer.pk, 'QUEUED', 0, 1, stored.received_at, stored.received_at,
-       stored.received_at
-FROM stored JOIN consumer ON consumer.channel_id = %(channel)s
-"""
 
 
 @pytest.fixture
@@ -45,7 +30,7 @@ async def test_claim_and_batch_ack_use_generic_plans(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:
     (k1,) = await setup_channel(client)
-    await runtime.db.run_alone(FILL, {"channel": CHANNEL, "producer": PRODUCER, "count": QUEUED})
+    await bulk_publish(runtime, QUEUED)
     await runtime.db.run_alone("ANALYZE job", {})
     for _ in range(ROUNDS):
         r = await client.post(

@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from app.runtime import Runtime
 from tests.bridge.conftest import SEED, BridgeFactory, NatsServer, eventually
+from tests.helpers_pull import bulk_publish
 
 JOBS = 5000
 WORKERS = 8
@@ -23,38 +24,12 @@ def extra_config() -> str:
     return SEED.replace("ack-wait=2", "ack-wait=120")
 
 
-async def bulk_publish(runtime: Runtime, count: int) -> None:
-    """Messages and their jobs in two statements, then the NOTIFY a publish would send."""
-    async with runtime.db.transaction() as tx:
-        await tx.conn.execute(
-            text(
-                "INSERT INTO message (channel_id, message_id, producer_id, payload, content_type,"
-                " priority, headers, received_at)"
-                " SELECT 'orders', 'd' || g, 'shop', convert_to('job-' || g, 'UTF8'),"
-                " 'text/plain', 0, '{}'::json, now() FROM generate_series(1, :n) AS g"
-            ),
-            {"n": count},
-        )
-        pks = (
-            await tx.conn.execute(
-                text(
-                    "INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,"
-                    " earliest_next_attempt_at, status_changed_at, created_at)"
-                    " SELECT m.pk, c.pk, 'QUEUED', 0, length(m.payload), now(), now(), now()"
-                    " FROM message m JOIN consumer c ON c.channel_id = m.channel_id"
-                    " WHERE m.channel_id = 'orders' RETURNING consumer_pk"
-                )
-            )
-        ).scalars()
-        tx.announce(set(pks))
-
-
 @pytest.mark.parametrize("mode", ["hybrid", "client"])
 async def test_two_bridges_eight_workers_drain_5000(
     mode: str, hub: NatsServer, make_bridge: BridgeFactory, runtime: Runtime
 ) -> None:
     bridges = [await make_bridge(mode, sweeper=False), await make_bridge(mode, sweeper=False)]
-    await bulk_publish(runtime, JOBS)
+    await bulk_publish(runtime, JOBS, channel="orders", producer="shop")
     received: list[int] = []
     done = asyncio.Event()
 
