@@ -17,7 +17,7 @@ from app.bridge import engine
 from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from tests.bridge.conftest import SEED, BridgeFactory, NatsServer, eventually
-from tests.bridge.test_drain import bulk_publish
+from tests.helpers_pull import bulk_publish
 
 REQUESTS = 5
 BATCH = 10  # = [pull] max-batch, so a round (two claims) covers two requests' budgets
@@ -34,7 +34,7 @@ async def test_requests_beyond_one_round_get_the_queue_in_order(
     mode: str, hub: NatsServer, make_bridge: BridgeFactory, runtime: Runtime
 ) -> None:
     bridge = await make_bridge(mode, sweeper=False)
-    await bulk_publish(runtime, QUEUED)
+    await bulk_publish(runtime, QUEUED, channel="orders", producer="shop")
     arrived: list[tuple[str, int, int]] = []  # (request inbox, stream seq, consumer seq)
     done = asyncio.Event()
 
@@ -97,7 +97,7 @@ async def test_the_next_request_gets_jobs_claimed_ahead_and_the_rest_go_back(
 ) -> None:
     monkeypatch.setattr(engine, "READY_GRACE_SECONDS", 1.0)
     bridge = await make_bridge("client", sweeper=False)
-    await bulk_publish(runtime, 3 * BATCH)
+    await bulk_publish(runtime, 3 * BATCH, channel="orders", producer="shop")
     nc = await nats.connect(hub.url)
     try:
         psub = await nc.jetstream().pull_subscribe_bind("workers", stream="orders")
