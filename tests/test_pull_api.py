@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -95,6 +96,17 @@ async def test_pull_shape_and_claim(
     rest = await pull_jobs(client, k1, batch=10)
     assert [j["Message"]["MessageID"] for j in rest] == ["m2"]
     assert await pull_jobs(client, k1, batch=10) == []
+
+
+async def test_pulled_binary_payload_comes_back_base64_and_intact(
+    client: httpx.AsyncClient, k1: PullConsumer
+) -> None:
+    await publish(client, b"\x00\xffraw", message_id="bin")
+    (pulled,) = await pull_jobs(client, k1, batch=5)
+    message = pulled["Message"]
+    assert message["PayloadEncoding"] == "base64"
+    assert base64.b64decode(message["Payload"]) == b"\x00\xffraw"
+    assert (message["MessageID"], message["Headers"]) == ("bin", {})
 
 
 async def test_pull_takes_highest_priority_then_oldest(

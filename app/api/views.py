@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from app.domain.models import ClaimedJob, Consumer, Job, Message, Page, Stakeholder
+from app.domain.models import ClaimedJob, Consumer, Job, Message, Page, PulledJob, Stakeholder
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -64,21 +64,19 @@ def consumer(item: Consumer, *, default_ack_wait: int, with_token: bool = False)
     return body
 
 
-def payload_fields(message: Message) -> dict[str, Any]:
+def payload_fields(payload: bytes) -> dict[str, Any]:
     """Text payloads as they are; anything not UTF-8 as base64, flagged."""
     try:
-        return {"Payload": message.payload.decode("utf-8")}
+        return {"Payload": payload.decode("utf-8")}
     except UnicodeDecodeError:
-        return {
-            "Payload": base64.b64encode(message.payload).decode(),
-            "PayloadEncoding": "base64",
-        }
+        return {"Payload": base64.b64encode(payload).decode(), "PayloadEncoding": "base64"}
 
 
-def job_message(message: Message) -> dict[str, Any]:
+def job_message(message: Message | PulledJob) -> dict[str, Any]:
+    """The message a job carries, as queued-job listings and pulls show it."""
     return {
         "MessageID": message.message_id,
-        **payload_fields(message),
+        **payload_fields(message.payload),
         "ContentType": message.content_type,
         "Headers": message.headers,
     }
@@ -93,13 +91,13 @@ def queued_job(claimed: ClaimedJob) -> dict[str, Any]:
     }
 
 
-def pulled_job(claimed: ClaimedJob) -> dict[str, Any]:
+def pulled_job(job: PulledJob) -> dict[str, Any]:
     return {
-        "ID": claimed.job.id,
-        "Attempt": claimed.job.attempt,
-        "Priority": claimed.job.priority,
-        "LeaseExpiresAt": iso(claimed.job.lease_expires_at),
-        "Message": job_message(claimed.message),
+        "ID": job.id,
+        "Attempt": job.attempt,
+        "Priority": job.priority,
+        "LeaseExpiresAt": iso(job.lease_expires_at),
+        "Message": job_message(job),
     }
 
 
@@ -127,7 +125,7 @@ def message_path(channel_id: str, message_id: str) -> str:
 def message(item: Message, jobs: list[tuple[Job, str]]) -> dict[str, Any]:
     return {
         "ID": item.message_id,
-        **payload_fields(item),
+        **payload_fields(item.payload),
         "ContentType": item.content_type,
         "Priority": item.priority,
         "ProducedBy": item.producer_id,

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from app.bridge import protocol as p
-from app.domain.models import Consumer, ConsumerType
+from app.domain.models import Consumer, ConsumerType, PulledJob
 from app.services.bridge import BridgeService, ClaimBatch, Delivery
 from app.store.signals import Signals
 
@@ -91,12 +91,11 @@ class Waiter:
         self.expiry = self.beat = None
 
 
-def delivery_headers(delivery: Delivery) -> list[tuple[str, str]]:
-    message = delivery.message
-    headers = dict(message.headers)
-    headers["Content-Type"] = message.content_type
-    headers["Nats-Msg-Id"] = message.message_id
-    headers["Nats-Subject"] = message.channel_id
+def delivery_headers(job: PulledJob, subject: str) -> list[tuple[str, str]]:
+    headers = dict(job.headers)
+    headers["Content-Type"] = job.content_type
+    headers["Nats-Msg-Id"] = job.message_id
+    headers["Nats-Subject"] = subject
     return list(headers.items())
 
 
@@ -585,14 +584,14 @@ class ConsumerPump:
             if waiter not in self.waiters or not self.engine.out.ready():
                 return deliveries[index:]
             reply, header = self._encode(delivery)
-            size = len(delivery.message.channel_id) + len(reply) + len(header)
-            size += len(delivery.message.payload)
+            size = len(self.consumer.channel_id) + len(reply) + len(header)
+            size += len(delivery.job.payload)
             assert waiter.bytes_left is not None
             if size > waiter.bytes_left:
                 self._remove(waiter)
                 self._status(waiter, *p.MESSAGE_SIZE_EXCEEDS, self._pending_headers(waiter))
                 return deliveries[index:]
-            self.engine.out.send(waiter.reply, reply, header, delivery.message.payload)
+            self.engine.out.send(waiter.reply, reply, header, delivery.job.payload)
             self._delivered(waiter)
             waiter.bytes_left -= size
             waiter.batch_left -= 1
@@ -614,11 +613,11 @@ class ConsumerPump:
             pending=delivery.pending,
         )
         reply = p.ack_subject(self.engine.ack_prefix, token)
-        return reply, p.message_header_block(delivery_headers(delivery))
+        return reply, p.message_header_block(delivery_headers(job, self.consumer.channel_id))
 
     def _send(self, waiter: Waiter, delivery: Delivery) -> None:
         reply, header = self._encode(delivery)
-        self.engine.out.send(waiter.reply, reply, header, delivery.message.payload)
+        self.engine.out.send(waiter.reply, reply, header, delivery.job.payload)
         self._delivered(waiter)
 
     def _delivered(self, waiter: Waiter) -> None:

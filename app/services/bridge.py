@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from app.domain.jobs import AckType, JobStatus, RetryPolicy
-from app.domain.models import ClaimedJob, Consumer, Job, Message
+from app.domain.models import Consumer, Job, PulledJob
 from app.services.delivery import AckItem, AckOutcome, DeliveryService
 from app.store import hotpath
 from app.store.bridge import BridgeStore, DeliveryState
@@ -27,8 +27,7 @@ from app.store.stakeholders import ConsumerStore, channels
 class Delivery(NamedTuple):
     """One claimed job on its way to a requester."""
 
-    job: Job
-    message: Message
+    job: PulledJob
     seq: int  # the delivery (consumer) sequence number
     pending: int  # due jobs not yet delivered after this one
 
@@ -62,19 +61,19 @@ class ConsumerSnapshot:
 
 
 def _numbered(
-    claimed: list[ClaimedJob], due: int, next_due_at: datetime | None, seqs: list[int]
+    claimed: list[PulledJob], due: int, next_due_at: datetime | None, seqs: list[int]
 ) -> ClaimBatch:
     count = len(claimed)
     deliveries = [
-        Delivery(c.job, c.message, seq, due + count - 1 - index)
-        for index, (c, seq) in enumerate(zip(claimed, seqs, strict=True))
+        Delivery(job, seq, due + count - 1 - index)
+        for index, (job, seq) in enumerate(zip(claimed, seqs, strict=True))
     ]
     return ClaimBatch(
         deliveries,
         due,
         next_due_at,
         seqs[-1] if seqs else 0,
-        max((c.job.id for c in claimed), default=0),
+        max((job.id for job in claimed), default=0),
     )
 
 
@@ -139,7 +138,7 @@ class BridgeService:
             seqs = await bridge.next_delivery_seqs(len(claimed))
             if claimed:
                 await bridge.record_delivery(consumer.pk, seqs[-1], max(c.job.id for c in claimed))
-        return _numbered(claimed, due, next_due_at, seqs)
+        return _numbered([PulledJob.of(c) for c in claimed], due, next_due_at, seqs)
 
     async def release(self, consumer: Consumer, targets: Sequence[tuple[int, int]]) -> None:
         """Give back claims nobody received (no retry counted); other pullers are woken."""

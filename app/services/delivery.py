@@ -15,7 +15,7 @@ from typing import NamedTuple, overload
 
 from app.domain.errors import Conflict, InvalidInput, NotFound, TooManyWaiting
 from app.domain.jobs import AckType, JobStatus, RetryPolicy, check_seed_transition
-from app.domain.models import ClaimedJob, Consumer, ConsumerType, Job, Page
+from app.domain.models import ClaimedJob, Consumer, ConsumerType, Job, Page, PulledJob
 from app.services.auth import pull_consumer
 from app.store import hotpath
 from app.store.db import Database, Tx
@@ -57,8 +57,12 @@ class PullRequest:
 
 @dataclass(frozen=True, slots=True)
 class PullResult:
-    jobs: list[ClaimedJob]
+    jobs: list[PulledJob]
     pending: int
+
+    @classmethod
+    def of(cls, claimed: list[ClaimedJob], pending: int) -> PullResult:
+        return cls([PulledJob.of(c) for c in claimed], pending)
 
 
 class AckItem(NamedTuple):
@@ -235,7 +239,7 @@ class DeliveryService:
         # one transaction, and only a pull that has to wait goes on to subscribe.
         consumer, claimed, pending, _ = await self._claim_once(None, request, creds=creds)
         if claimed or request.no_wait or request.expires <= 0:
-            return PullResult(claimed, pending)
+            return PullResult.of(claimed, pending)
         return await self.pull_for(consumer, request)
 
     async def pull_for(self, consumer: Consumer, request: PullRequest) -> PullResult:
@@ -265,7 +269,7 @@ class DeliveryService:
                 refresh = True
                 remaining = deadline - loop.time()
                 if claimed or not waits or remaining <= 0 or self._draining:
-                    return PullResult(claimed, pending)
+                    return PullResult.of(claimed, pending)
                 timeout = remaining
                 if next_due is not None and pending == 0:
                     until_due = (next_due - datetime.now(UTC)).total_seconds()

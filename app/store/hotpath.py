@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.domain.jobs import JobStatus
-from app.domain.models import ClaimedJob, Job, Message
+from app.domain.models import Message, PulledJob
 from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database
 from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED
 
@@ -156,11 +155,21 @@ NAMED = {
 
 # -- claim -------------------------------------------------------------------------------------
 
-# The claim returns the records' fields in their order, so a row builds each record as it is.
-JOB_FIELDS = Job._fields
-MESSAGE_FIELDS = Message._fields
-JOB_WIDTH = len(JOB_FIELDS)
-MESSAGE_WIDTH = len(MESSAGE_FIELDS)
+# The claim returns PulledJob's fields in their order, so each row is the record as it is.
+PULLED_COLUMNS = {
+    "id": "claimed.id",
+    "attempt": "claimed.attempt",
+    "priority": "claimed.priority",
+    "lease_expires_at": "claimed.lease_expires_at",
+    "created_at": "claimed.created_at",
+    "message_id": "message.message_id",
+    "payload": "message.payload",
+    "content_type": "message.content_type",
+    "headers": "message.headers",
+}
+assert tuple(PULLED_COLUMNS) == PulledJob._fields
+PULLED_WIDTH = len(PULLED_COLUMNS)
+MESSAGE_COLUMNS = [c.split(".")[1] for c in PULLED_COLUMNS.values() if c.startswith("message.")]
 
 # The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
 # consumer's newest delivery remembered (never moving backwards).
@@ -190,8 +199,8 @@ def claim_sql(key: str, numbered: bool, limit: int) -> str:
     # prices a generic plan for a tenth of the table, so it planned every claim anew (0.3 ms,
     # a tenth of the claim); a batch size of its own lets the generic plan win as it should.
     limit = int(limit)
-    claimed_columns = ", ".join(f"claimed.{name}" for name in JOB_FIELDS)
-    message_columns = ", ".join(f"message.{name}" for name in MESSAGE_FIELDS)
+    pulled_columns = ", ".join(PULLED_COLUMNS.values())
+    message_columns = ", ".join(f"message.{name}" for name in MESSAGE_COLUMNS)
     # One sequence value per row (an array on every row would cost the client n squared).
     seqs = "numbers.seq" if numbered else "NULL"
     join_numbers = "JOIN numbers ON numbers.id = claimed.id" if numbered else ""
@@ -216,7 +225,7 @@ WITH named AS ({NAMED[key]}
 ), counted AS (
     SELECT count(*) AS n FROM claimed
 ){NUMBERED if numbered else ""}
-SELECT {claimed_columns}, {message_columns}, {seqs},
+SELECT {pulled_columns}, {seqs},
     CASE WHEN (SELECT n FROM counted) < {limit} THEN 0 ELSE greatest(0, (
         SELECT count(*) FROM (
             SELECT 1 FROM job
@@ -236,25 +245,18 @@ ORDER BY claimed.priority DESC, claimed.id
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    jobs: list[ClaimedJob]  # highest priority first, then oldest
+    jobs: list[PulledJob]  # highest priority first, then oldest
     pending: int  # due jobs left, counted up to PENDING_COUNT_CAP
     seqs: list[int]  # numbered claims: the delivery sequence numbers, ascending
 
 
-_STATUSES = {status.value: status for status in JobStatus}  # a dict beats Enum() per row
-
-
-def _claimed_job(row: tuple[Any, ...]) -> ClaimedJob:
-    # Positionally, in the fields' order as the claim returns them: half the cost of keywords.
-    j = row[:JOB_WIDTH]
-    m = row[JOB_WIDTH : JOB_WIDTH + MESSAGE_WIDTH]
-    headers = m[7]
-    if isinstance(headers, str):
-        headers = json.loads(headers)
-    return ClaimedJob(
-        Job._make((j[0], j[1], j[2], _STATUSES[j[3]], *j[4:])),
-        Message._make((*m[:4], bytes(m[4]), m[5], m[6], dict(headers or {}), m[8])),
-    )
+def _pulled_job(row: tuple[Any, ...]) -> PulledJob:
+    job = PulledJob._make(row[:PULLED_WIDTH])
+    # Binary results load json as Python objects; the text form only in case that changes.
+    if type(job.headers) is not dict:
+        headers = job.headers
+        job = job._replace(headers=dict(json.loads(headers) if isinstance(headers, str) else {}))
+    return job
 
 
 async def claim(
@@ -277,7 +279,7 @@ async def claim(
         return Claimed([], 0, [])
     last = rows[0]
     return Claimed(
-        [_claimed_job(row) for row in rows],
+        [_pulled_job(row) for row in rows],
         min(int(last[-1]), PENDING_COUNT_CAP),
         sorted(row[-2] for row in rows) if numbered else [],
     )

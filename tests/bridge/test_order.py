@@ -5,40 +5,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from app.bridge.engine import _in_stream_order
-from app.domain.jobs import JobStatus
-from app.domain.models import Job, Message
+from app.domain.models import PulledJob
 from app.services.bridge import Delivery
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def delivery(job_id: int, seq: int, priority: int = 0) -> Delivery:
-    job = Job(
+    job = PulledJob(
         id=job_id,
-        message_pk=job_id,
-        consumer_pk=1,
-        status=JobStatus.INFLIGHT,
-        priority=priority,
         attempt=1,
-        retry_count=0,
-        incremental_timeout=0,
+        priority=priority,
         lease_expires_at=NOW,
-        earliest_next_attempt_at=NOW,
-        status_changed_at=NOW,
         created_at=NOW,
-    )
-    message = Message(
-        pk=job_id,
-        channel_id="orders",
         message_id=f"m{job_id}",
-        producer_id="shop",
         payload=b"x",
         content_type="text/plain",
-        priority=priority,
         headers={},
-        received_at=NOW,
     )
-    return Delivery(job, message, seq, 0)
+    return Delivery(job, seq, 0)
 
 
 def test_side_by_side_claims_merge_into_queue_order_with_ascending_sequences() -> None:
