@@ -6,7 +6,6 @@ import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
 import httpx
@@ -40,7 +39,7 @@ async def k1(client: httpx.AsyncClient) -> PullConsumer:
 
 
 def lease_seconds(pulled: dict[str, Any], row: Any) -> float:
-    assert datetime.fromisoformat(pulled["LeaseExpiresAt"]) == row.lease_expires_at
+    assert pulled["LeaseExpiresAt"] == row.lease_expires_at.isoformat()
     return float((row.lease_expires_at - row.claimed_at).total_seconds())
 
 
