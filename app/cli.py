@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -76,6 +77,14 @@ def run_async(main: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(main)
 
 
+def freeze_heap() -> None:
+    """Take what start-up built (modules, the app, pools: most of the heap, and it lives as long
+    as the process) out of the cyclic garbage collector. Its full passes walked all of it again
+    and again and paused a busy API or bridge process for 40-60 ms each time."""
+    gc.collect()
+    gc.freeze()
+
+
 def migrate(config: Config) -> None:
     from app.store.migrate import upgrade
 
@@ -124,6 +133,7 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
         except Exception as exc:
             log.error("start failed: %s", exc)
             raise
+        freeze_heap()
         try:
             async with original(app):
                 yield
@@ -160,6 +170,7 @@ async def run_worker(config: Config, command: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runtime.start(seed=False)
+    freeze_heap()
     log.info("%s running", command)
     await stop.wait()
     await runtime.stop()
@@ -177,6 +188,7 @@ async def run_bridge(config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await runtime.start(seed=False)
+    freeze_heap()
     try:
         await Bridge(runtime, config.nats).run(stop)
     finally:
