@@ -169,6 +169,7 @@ PULLED_COLUMNS = {
 }
 assert tuple(PULLED_COLUMNS) == PulledJob._fields
 PULLED_WIDTH = len(PULLED_COLUMNS)
+CLAIMED_COLUMNS = [c.split(".")[1] for c in PULLED_COLUMNS.values() if c.startswith("claimed.")]
 MESSAGE_COLUMNS = [c.split(".")[1] for c in PULLED_COLUMNS.values() if c.startswith("message.")]
 
 # The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
@@ -200,6 +201,7 @@ def claim_sql(key: str, numbered: bool, limit: int) -> str:
     # a tenth of the claim); a batch size of its own lets the generic plan win as it should.
     limit = int(limit)
     pulled_columns = ", ".join(PULLED_COLUMNS.values())
+    returned = ", ".join(f"job.{name}" for name in [*CLAIMED_COLUMNS, "message_pk"])
     message_columns = ", ".join(f"message.{name}" for name in MESSAGE_COLUMNS)
     # One sequence value per row (an array on every row would cost the client n squared).
     seqs = "numbers.seq" if numbered else "NULL"
@@ -221,7 +223,7 @@ WITH named AS ({NAMED[key]}
             + coalesce((SELECT ack_wait_seconds FROM named), %(default_ack_wait)s)),
         claimed_at = now(), status_changed_at = now()
     WHERE job.id IN (SELECT id FROM due) AND job.status = '{QUEUED}'
-    RETURNING job.*
+    RETURNING {returned}
 ), counted AS (
     SELECT count(*) AS n FROM claimed
 ){NUMBERED if numbered else ""}
