@@ -39,6 +39,8 @@ GUESS = {
     "publish": 5_000.0,
 }
 PGBENCH_CONSUMER = {"claim": "pgb-claim", "batch_ack": "pgb-batch", "each_ack": "pgb-each"}
+# The consumer each ack style of the HTTP pull scenarios drains.
+PULL_CONSUMER = {"batch": "pull-batch", "each": "pull-each"}
 PAIRS = {
     # our HTTP scenario -> the pgbench script that is its ceiling
     "pull-batch": "batch_ack",
@@ -211,13 +213,13 @@ class Runner:
         m = await self._http_pull_once(ack, round_no)
         if any("ran out" in note for note in m.notes):
             self.say(f"  {m.name}: backlog ran out at {m.rate:,.0f} jobs/s; again, bigger")
-            self.rates["pull-batch" if ack == "batch" else "pull-each"] = m.rate * 2.0
+            self.rates[PULL_CONSUMER[ack]] = m.rate * 2.0
             m = await self._http_pull_once(ack, round_no)
         return self.keep(m)
 
     async def _http_pull_once(self, ack: str, round_no: int | None) -> Measured:
         s, env = self.s, self.env
-        consumer = "pull-batch" if ack == "batch" else "pull-each"
+        consumer = PULL_CONSUMER[ack]
         await env.backlog(
             consumer, self.need(consumer, s.warmup + s.duration + 3, s.batch * s.pollers * 4)
         )

@@ -155,22 +155,15 @@ NAMED = {
 
 # -- claim -------------------------------------------------------------------------------------
 
-# The claim returns PulledJob's fields in their order, so each row is the record as it is.
-PULLED_COLUMNS = {
-    "id": "claimed.id",
-    "attempt": "claimed.attempt",
-    "priority": "claimed.priority",
-    "lease_expires_at": "claimed.lease_expires_at",
-    "created_at": "claimed.created_at",
-    "message_id": "message.message_id",
-    "payload": "message.payload",
-    "content_type": "message.content_type",
-    "headers": "message.headers",
-}
-assert tuple(PULLED_COLUMNS) == PulledJob._fields
+# The claim returns PulledJob's fields in their order, so each row is the record as it is:
+# these from the message, the rest from the claimed job (the columns share the fields' names).
+MESSAGE_COLUMNS = ("message_id", "payload", "content_type", "headers")
+CLAIMED_COLUMNS = tuple(name for name in PulledJob._fields if name not in MESSAGE_COLUMNS)
+PULLED_COLUMNS = tuple(
+    f"message.{name}" if name in MESSAGE_COLUMNS else f"claimed.{name}"
+    for name in PulledJob._fields
+)
 PULLED_WIDTH = len(PULLED_COLUMNS)
-CLAIMED_COLUMNS = [c.split(".")[1] for c in PULLED_COLUMNS.values() if c.startswith("claimed.")]
-MESSAGE_COLUMNS = [c.split(".")[1] for c in PULLED_COLUMNS.values() if c.startswith("message.")]
 
 # The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
 # consumer's newest delivery remembered (never moving backwards).
@@ -200,7 +193,7 @@ def claim_sql(key: str, numbered: bool, limit: int) -> str:
     # prices a generic plan for a tenth of the table, so it planned every claim anew (0.3 ms,
     # a tenth of the claim); a batch size of its own lets the generic plan win as it should.
     limit = int(limit)
-    pulled_columns = ", ".join(PULLED_COLUMNS.values())
+    pulled_columns = ", ".join(PULLED_COLUMNS)
     returned = ", ".join(f"job.{name}" for name in [*CLAIMED_COLUMNS, "message_pk"])
     message_columns = ", ".join(f"message.{name}" for name in MESSAGE_COLUMNS)
     # One sequence value per row (an array on every row would cost the client n squared).
