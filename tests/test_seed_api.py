@@ -46,7 +46,7 @@ async def new_job(client: httpx.AsyncClient, who: PullConsumer, state: str = Q) 
         if j["Message"]["MessageID"] == message_id
     ]
     assert len(found) == 1
-    job_id = found[0]
+    job_id: str = found[0]
     path = {Q: [], IN: [IN], DL: [IN, DL], DD: [IN, DD]}[state]
     for step in path:
         r = await set_state(client, who, job_id, {"NextState": step})

@@ -176,7 +176,7 @@ def nats_config(server: NatsServer, mode: str, **overrides: str) -> NatsConfig:
         "leaf_url": server.leaf_url if mode == "hybrid" else "",
     }
     values.update(overrides)
-    return NatsConfig(**values)  # type: ignore[arg-type]
+    return NatsConfig(**values)
 
 
 BridgeFactory = Callable[..., Awaitable[Bridge]]

@@ -58,7 +58,7 @@ async def test_two_bridges_eight_workers_drain_5000(
 
     async def all_delivered() -> bool:
         async with runtime.db.transaction() as tx:
-            counts = dict(
+            counts: dict[str, int] = dict(
                 (
                     await tx.conn.execute(text("SELECT status, count(*) FROM job GROUP BY status"))
                 ).all()

@@ -380,7 +380,7 @@ async def test_max_waiting_and_api_prefix(
         await nc.close()
 
 
-async def deleted_while_waiting(url: str, delete: Callable[[], Awaitable[None]]) -> Any:
+async def deleted_while_waiting(url: str, delete: Callable[[], Awaitable[object]]) -> Any:
     nc = await nats.connect(url)
     try:
 

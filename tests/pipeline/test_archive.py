@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -79,7 +80,7 @@ def _crash_at(step: str, batch_id: int = 1) -> StepHook:
     return hook
 
 
-def _ids(rows: list[dict[str, object]], key: str) -> list[object]:
+def _ids(rows: list[dict[str, Any]], key: str) -> list[int]:
     return sorted(row[key] for row in rows)
 
 
@@ -126,7 +127,7 @@ def test_crash_then_rerun_loses_and_duplicates_nothing(
     assert all(b["status"] == "DELETED" and b["finalized"] for b in batches(pipeline))
 
 
-def _dead_job(pipeline: Config) -> dict[str, object]:
+def _dead_job(pipeline: Config) -> dict[str, Any]:
     rows = query(
         pipeline,
         "SELECT id, message_pk, consumer_pk FROM job WHERE status = 'DEAD' ORDER BY id LIMIT 1",
