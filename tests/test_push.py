@@ -240,3 +240,59 @@ async def test_switching_a_consumer_to_pull_stops_pushes(
         "/channel/c1/consumer/k1/pull", json={"batch": 1, "no_wait": True}, headers=CONSUMER_AUTH
     )
     assert r.status_code == 200 and len(r.json()["Jobs"]) == 1
+
+
+async def test_answers_for_several_consumers_are_all_recorded_once(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    await setup_push(push_client, receiver.url + "/a")
+    r = await push_client.put(
+        "/channel/c1/consumer/k2", data={"token": "kt2", "callbackUrl": receiver.url + "/b"}
+    )
+    assert r.status_code == 200, r.text
+    ids = [f"many-{n}" for n in range(12)]
+    for message_id in ids:
+        await publish(push_client, b"x", message_id)
+    for message_id in ids:
+        r = await push_client.get(f"/channel/c1/message/{message_id}")
+        deadline = time.monotonic() + 20
+        while {j["Status"] for j in r.json()["Jobs"]} != {"DELIVERED"}:
+            assert time.monotonic() < deadline, r.json()["Jobs"]
+            await asyncio.sleep(0.05)
+            r = await push_client.get(f"/channel/c1/message/{message_id}")
+        assert len(r.json()["Jobs"]) == 2
+    await asyncio.sleep(0.3)  # a second delivery of any job would arrive by now
+    assert receiver.count("/a") == receiver.count("/b") == len(ids)
+    assert set(receiver.by_message().values()) == {2}
+
+
+async def test_stopping_records_the_answers_of_deliveries_in_flight(
+    config: Config, receiver: Receiver
+) -> None:
+    # Each POST is answered 200 after 0.5 s: the dispatcher is stopped while all four wait.
+    receiver.respond = lambda _path, _n: (200, 0.5)
+    ids = [f"inflight-{n}" for n in range(4)]
+    dispatcher = Runtime(config, run_dispatcher=True)
+    await dispatcher.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(config, dispatcher))
+        async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+            await setup_push(http, receiver.url + "/slow")
+            for message_id in ids:
+                await publish(http, b"x", message_id)
+            deadline = time.monotonic() + 10
+            while receiver.count("/slow") < len(ids):
+                assert time.monotonic() < deadline, receiver.count("/slow")
+                await asyncio.sleep(0.01)
+    finally:
+        await dispatcher.stop()
+
+    reader = Runtime(config)
+    await reader.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(config, reader))
+        async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+            statuses = [(await job_of(http, message_id))["Status"] for message_id in ids]
+    finally:
+        await reader.stop()
+    assert statuses == ["DELIVERED"] * len(ids)

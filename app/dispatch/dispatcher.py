@@ -80,18 +80,30 @@ class Dispatcher:
         self._user_agent = user_agent
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
+        # 2xx answers not yet recorded: one task records all that arrived meanwhile in one
+        # transaction (a transaction per job cost more CPU than the POST).
+        self._answered: list[PushJob] = []
+        self._answered_more = asyncio.Event()
+        self._closing = False
 
     async def run(self, stop: asyncio.Event) -> None:
-        with self._signals.subscribe(ANY_CONSUMER) as woken:
-            while not stop.is_set():
-                woken.clear()
-                wait = self._idle
-                try:
-                    wait = await self.dispatch_once()
-                except Exception:
-                    log.exception("push claim failed; retrying after the idle interval")
-                await self._sleep(stop, woken, wait)
-        await self.drain()
+        recorder = asyncio.create_task(self._record_answered(), name="push-outcomes")
+        try:
+            with self._signals.subscribe(ANY_CONSUMER) as woken:
+                while not stop.is_set():
+                    woken.clear()
+                    wait = self._idle
+                    try:
+                        wait = await self.dispatch_once()
+                    except Exception:
+                        log.exception("push claim failed; retrying after the idle interval")
+                    await self._sleep(stop, woken, wait)
+            await self.drain()
+            self._closing = True
+            self._answered_more.set()
+            await recorder
+        finally:
+            recorder.cancel()
 
     async def dispatch_once(self) -> float:
         """Claim into every free worker slot; returns how long to wait before the next claim."""
@@ -136,6 +148,19 @@ class Dispatcher:
         if self._tasks:
             await asyncio.wait(set(self._tasks))
 
+    async def _record_answered(self) -> None:
+        while not (self._closing and not self._answered):
+            await self._answered_more.wait()
+            self._answered_more.clear()
+            answered, self._answered = self._answered, []
+            if not answered:
+                continue
+            try:
+                await self._push.delivered(answered)
+            except Exception:
+                # Their leases are still in the database: the sweeper requeues them.
+                log.exception("recording %d delivered jobs failed", len(answered))
+
     async def _deliver(self, job: PushJob) -> None:
         message = job.claimed.message
         headers = delivery_headers(
@@ -152,12 +177,13 @@ class Dispatcher:
             error = "timed out"
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if error is None:
+            self._answered.append(job)
+            self._answered_more.set()
+            return
         try:
-            if error is None:
-                await self._push.delivered(job)
-            else:
-                status = await self._push.failed(job, error)
-                log.info("push of job %s failed (%s); now %s", job.claimed.job.id, error, status)
+            status = await self._push.failed(job, error)
+            log.info("push of job %s failed (%s); now %s", job.claimed.job.id, error, status)
         except Exception:
             # The lease is still in the database: the sweeper will retry this job.
             log.exception("recording the outcome of job %s failed", job.claimed.job.id)

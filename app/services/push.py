@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -52,15 +54,18 @@ class PushService:
         jobs = [PushJob(c, consumers[c.job.consumer_pk]) for c in claimed]
         return PushClaim(jobs, next_due)
 
-    async def delivered(self, job: PushJob) -> bool:
-        """Record a 2xx; False when the lease was lost meanwhile (another delivery owns it)."""
+    async def delivered(self, jobs: Sequence[PushJob]) -> int:
+        """Record 2xx answers, one transaction for all; returns how many jobs moved. A job
+        whose lease was lost meanwhile (swept, now another delivery's) is left alone."""
+        targets: defaultdict[int, list[tuple[int, int | None]]] = defaultdict(list)
+        for job in jobs:
+            targets[job.consumer.pk].append((job.claimed.job.id, job.claimed.job.attempt))
+        moved = 0
         async with self._db.transaction() as tx:
-            done = await JobStore(tx).complete(
-                job.consumer.pk,
-                [(job.claimed.job.id, job.claimed.job.attempt)],
-                JobStatus.DELIVERED,
-            )
-        return bool(done)
+            store = JobStore(tx)
+            for consumer_pk, pairs in targets.items():
+                moved += len(await store.complete(consumer_pk, pairs, JobStatus.DELIVERED))
+        return moved
 
     async def failed(self, job: PushJob, error: str) -> JobStatus | None:
         """Record a failed attempt: requeued with backoff, or dead once retries are used up."""
