@@ -38,6 +38,8 @@ GUESS = {
     "pgqueuer": 12_000.0,
     "publish": 5_000.0,
 }
+# The note on a run whose backlog ran dry: its rate is a lower bound.
+RAN_OUT = "backlog ran out during the run: a lower bound"
 PGBENCH_CONSUMER = {"claim": "pgb-claim", "batch_ack": "pgb-batch", "each_ack": "pgb-each"}
 # The consumer each ack style of the HTTP pull scenarios drains.
 PULL_CONSUMER = {"batch": "pull-batch", "each": "pull-each"}
@@ -76,22 +78,31 @@ class Runner:
     def need(self, key: str, seconds: float, minimum: int = 0, margin: float = 1.4) -> int:
         return max(minimum, int(self.rates.get(key, 1000.0) * seconds * margin))
 
+    async def bigger_if_dry(
+        self, once: Callable[[], Awaitable[Measured]], rate_key: str, growth: float
+    ) -> Measured:
+        """Run `once`; if its backlog ran dry, size the next one from the rate it reached and
+        run it again, once (as pgbench and JetStream runs are sized)."""
+        m = await once()
+        if RAN_OUT in m.notes:
+            self.say(f"  {m.name}: backlog ran out at {m.rate:,.0f}/s; again, bigger")
+            self.rates[rate_key] = m.rate * growth
+            m = await once()
+        return self.keep(m)
+
     async def exhausted(self, m: Measured, consumer: str) -> None:
         left = await db.queued(self.env.conn, self.env.pks[consumer])
         m.extra["queued_left"] = left
         if left == 0:
-            m.notes.append("backlog ran out during the run: a lower bound")
+            m.notes.append(RAN_OUT)
 
     # -- the ceiling --------------------------------------------------------------------------
 
     async def pgbench(self, script: str, clients: int, name: str | None = None) -> Measured:
         """One pgbench run; run again, once, with a bigger backlog if it ran dry."""
-        m = await self._pgbench_once(script, clients, name)
-        if any("ran out" in note for note in m.notes):
-            self.say(f"  {m.name}: backlog ran out at {m.rate:,.0f} jobs/s; again, bigger")
-            self.rates[f"{script}/{clients}"] = m.rate * 2.0
-            m = await self._pgbench_once(script, clients, name)
-        return self.keep(m)
+        return await self.bigger_if_dry(
+            lambda: self._pgbench_once(script, clients, name), f"{script}/{clients}", 2.0
+        )
 
     async def _pgbench_once(self, script: str, clients: int, name: str | None) -> Measured:
         s, env = self.s, self.env
@@ -176,7 +187,7 @@ class Runner:
         if consumer:
             m.extra["queued_left_at_window_end"] = left
             if left == 0:
-                m.notes.append("backlog ran out during the run: a lower bound")
+                m.notes.append(RAN_OUT)
         if m.rate > 0:
             self.rates[key] = m.rate
             self.rates[script] = max(self.rates[script], m.rate)
@@ -210,12 +221,9 @@ class Runner:
 
     async def http_pull(self, ack: str, round_no: int | None = None) -> Measured:
         """Pull and ack over HTTP; run again, once, with a bigger backlog if it ran dry."""
-        m = await self._http_pull_once(ack, round_no)
-        if any("ran out" in note for note in m.notes):
-            self.say(f"  {m.name}: backlog ran out at {m.rate:,.0f} jobs/s; again, bigger")
-            self.rates[PULL_CONSUMER[ack]] = m.rate * 2.0
-            m = await self._http_pull_once(ack, round_no)
-        return self.keep(m)
+        return await self.bigger_if_dry(
+            lambda: self._http_pull_once(ack, round_no), PULL_CONSUMER[ack], 2.0
+        )
 
     async def _http_pull_once(self, ack: str, round_no: int | None) -> Measured:
         s, env = self.s, self.env
@@ -561,12 +569,7 @@ class Runner:
 
     async def jetstream(self, suffix: str = "") -> Measured:
         """Real JetStream; run again, once, with a bigger stream if the backlog ran dry."""
-        m = await self._jetstream_once(suffix)
-        if any("ran out" in note for note in m.notes):
-            self.say(f"  JetStream: backlog ran out at {m.rate:,.0f} msgs/s; again, bigger")
-            self.rates["jetstream"] = m.rate * 1.6
-            m = await self._jetstream_once(suffix)
-        return self.keep(m)
+        return await self.bigger_if_dry(lambda: self._jetstream_once(suffix), "jetstream", 1.6)
 
     async def _jetstream_once(self, suffix: str) -> Measured:
         import nats
@@ -616,7 +619,7 @@ class Runner:
             m.jobs = marks[0] - marks[1] if len(marks) == 2 else 0
             m.extra["messages_left"] = marks[1] if len(marks) == 2 else None
             if len(marks) == 2 and marks[1] == 0:
-                m.notes.append("backlog ran out during the run: a lower bound")
+                m.notes.append(RAN_OUT)
         finally:
             await nc.close()
         if m.rate > 0:
@@ -815,7 +818,7 @@ class Runner:
         left = int(await db.scalar(env.conn, "SELECT count(*) FROM pgqueuer"))
         m.extra["queued_left"] = left
         if left == 0:
-            m.notes.append("backlog ran out during the run: a lower bound")
+            m.notes.append(RAN_OUT)
         if m.rate > 0:
             self.rates["pgqueuer"] = m.rate
         out.append(m)
