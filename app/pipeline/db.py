@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
@@ -62,10 +62,19 @@ def connect(
 @contextmanager
 def pipeline_lock(connection_url: str, mode: LockMode) -> Iterator[None]:
     """Hold the pipeline's session-level advisory lock, or raise PipelineLocked at once."""
-    function = "pg_try_advisory_lock" if mode == "exclusive" else "pg_try_advisory_lock_shared"
+    suffix = "" if mode == "exclusive" else "_shared"
     with connect(connection_url, autocommit=True) as conn:
-        row = conn.execute(f"SELECT {function}(%s)", (PIPELINE_LOCK_KEY,)).fetchone()
+        row = conn.execute(
+            f"SELECT pg_try_advisory_lock{suffix}(%s)", (PIPELINE_LOCK_KEY,)
+        ).fetchone()
         if not row or not row[0]:
             raise PipelineLocked("another pipeline run holds the lock")
-        # Closing the connection releases the lock, also when the run crashes.
-        yield
+        try:
+            yield
+        finally:
+            # The server drops a session's locks when its backend exits, which can be after
+            # the client has closed and started the next run: that run would find the lock
+            # still held. Unlocking is answered only once the lock is gone. (A broken
+            # connection's backend is gone or going, and takes the lock with it.)
+            with suppress(psycopg.Error):
+                conn.execute(f"SELECT pg_advisory_unlock{suffix}(%s)", (PIPELINE_LOCK_KEY,))

@@ -13,7 +13,7 @@ import pytest
 
 from app.cli import main as cli_main
 from app.config import Config
-from app.pipeline.db import PIPELINE_LOCK_KEY
+from app.pipeline.db import PIPELINE_LOCK_KEY, pipeline_lock
 from app.pipeline.job import EXIT_LOCKED
 from tests.pipeline import data
 from tests.pipeline.helpers import batches, query
@@ -103,3 +103,23 @@ def test_bad_configuration_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
     sqlite.write_text("[rdbms]\ndialect=sqlite\nconnection-url=x.sqlite3\n")
     assert cli_main(["pipeline", "report", "--config", str(sqlite)]) == 2
     assert "postgresql" in str(_summary(capsys.readouterr().out)["error"])
+
+
+def test_the_lock_is_free_as_soon_as_a_run_returns(pipeline: Config) -> None:
+    """The next run (a report after a crashed archiver, say) finds the lock free at once: it
+    must not have to race the previous run's backend to exit."""
+    url = pipeline.database.connection_url
+
+    def free() -> bool:
+        row = next_run.execute("SELECT pg_try_advisory_lock(%s)", (PIPELINE_LOCK_KEY,)).fetchone()
+        next_run.execute("SELECT pg_advisory_unlock_all()")
+        return bool(row and row[0])
+
+    with psycopg.connect(url, autocommit=True) as next_run:
+        for mode in ("exclusive", "shared") * 20:
+            with pipeline_lock(url, mode):
+                assert not free()
+            assert free(), mode
+        with pytest.raises(RuntimeError), pipeline_lock(url, "exclusive"):
+            raise RuntimeError("a run that crashes")
+        assert free()
