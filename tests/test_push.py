@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -36,20 +37,24 @@ def receiver() -> Iterator[Receiver]:
         yield r
 
 
-@pytest.fixture
-async def push_runtime(config: Config) -> AsyncIterator[Runtime]:
-    rt = Runtime(config, run_sweeper=True, run_dispatcher=True)
+@asynccontextmanager
+async def broker(
+    config: Config, *, sweeper: bool = False, dispatcher: bool = False
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A started runtime, with the background parts asked for, and a client of its API."""
+    rt = Runtime(config, run_sweeper=sweeper, run_dispatcher=dispatcher)
     await rt.start()
     try:
-        yield rt
+        transport = httpx.ASGITransport(app=create_app(config, rt))
+        async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+            yield http
     finally:
         await rt.stop()
 
 
 @pytest.fixture
-async def push_client(config: Config, push_runtime: Runtime) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=create_app(config, push_runtime))
-    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+async def push_client(config: Config) -> AsyncIterator[httpx.AsyncClient]:
+    async with broker(config, sweeper=True, dispatcher=True) as http:
         yield http
 
 
@@ -198,15 +203,11 @@ async def test_priority_order_holds_when_workers_are_saturated(
     one_worker = dataclasses.replace(
         config, broker=dataclasses.replace(config.broker, max_workers=1)
     )
-    publisher = Runtime(one_worker)
-    await publisher.start()
-    transport = httpx.ASGITransport(app=create_app(one_worker, publisher))
-    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+    async with broker(one_worker) as http:
         await setup_push(http, receiver.url + "/ordered")
         priorities = [1, 5, 3, 5, 1, 9, 3]
         for n, priority in enumerate(priorities):
             await publish(http, b"x", f"m{n}", **{"X-Broker-Message-Priority": str(priority)})
-    await publisher.stop()
 
     dispatcher = Runtime(one_worker, run_dispatcher=True)
     await dispatcher.start()
@@ -272,27 +273,15 @@ async def test_stopping_records_the_answers_of_deliveries_in_flight(
     # Each POST is answered 200 after 0.5 s: the dispatcher is stopped while all four wait.
     receiver.respond = lambda _path, _n: (200, 0.5)
     ids = [f"inflight-{n}" for n in range(4)]
-    dispatcher = Runtime(config, run_dispatcher=True)
-    await dispatcher.start()
-    try:
-        transport = httpx.ASGITransport(app=create_app(config, dispatcher))
-        async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
-            await setup_push(http, receiver.url + "/slow")
-            for message_id in ids:
-                await publish(http, b"x", message_id)
-            deadline = time.monotonic() + 10
-            while receiver.count("/slow") < len(ids):
-                assert time.monotonic() < deadline, receiver.count("/slow")
-                await asyncio.sleep(0.01)
-    finally:
-        await dispatcher.stop()
+    async with broker(config, dispatcher=True) as http:
+        await setup_push(http, receiver.url + "/slow")
+        for message_id in ids:
+            await publish(http, b"x", message_id)
+        deadline = time.monotonic() + 10
+        while receiver.count("/slow") < len(ids):
+            assert time.monotonic() < deadline, receiver.count("/slow")
+            await asyncio.sleep(0.01)
 
-    reader = Runtime(config)
-    await reader.start()
-    try:
-        transport = httpx.ASGITransport(app=create_app(config, reader))
-        async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
-            statuses = [(await job_of(http, message_id))["Status"] for message_id in ids]
-    finally:
-        await reader.stop()
+    async with broker(config) as http:
+        statuses = [(await job_of(http, message_id))["Status"] for message_id in ids]
     assert statuses == ["DELIVERED"] * len(ids)
