@@ -91,10 +91,7 @@ class Runner:
         return self.keep(m)
 
     async def exhausted(self, m: Measured, consumer: str) -> None:
-        left = await db.queued(self.env.conn, self.env.pks[consumer])
-        m.extra["queued_left"] = left
-        if left == 0:
-            m.notes.append(RAN_OUT)
+        left_over(m, await db.queued(self.env.conn, self.env.pks[consumer]))
 
     # -- the ceiling --------------------------------------------------------------------------
 
@@ -184,10 +181,8 @@ class Runner:
         if run.failed:
             m.status = "failed"
             m.notes.append(run.output[-600:])
-        if consumer:
-            m.extra["queued_left_at_window_end"] = left
-            if left == 0:
-                m.notes.append(RAN_OUT)
+        if left is not None:
+            left_over(m, left, "queued_left_at_window_end")
         if m.rate > 0:
             self.rates[key] = m.rate
             self.rates[script] = max(self.rates[script], m.rate)
@@ -617,9 +612,10 @@ class Runner:
                 marks,
             )
             m.jobs = marks[0] - marks[1] if len(marks) == 2 else 0
-            m.extra["messages_left"] = marks[1] if len(marks) == 2 else None
-            if len(marks) == 2 and marks[1] == 0:
-                m.notes.append(RAN_OUT)
+            if len(marks) == 2:
+                left_over(m, marks[1], "messages_left")
+            else:
+                m.extra["messages_left"] = None
         finally:
             await nc.close()
         if m.rate > 0:
@@ -815,10 +811,7 @@ class Runner:
             "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful' "
             "AND created >= %s AND created < %s",
         )
-        left = int(await db.scalar(env.conn, "SELECT count(*) FROM pgqueuer"))
-        m.extra["queued_left"] = left
-        if left == 0:
-            m.notes.append(RAN_OUT)
+        left_over(m, int(await db.scalar(env.conn, "SELECT count(*) FROM pgqueuer")))
         if m.rate > 0:
             self.rates["pgqueuer"] = m.rate
         out.append(m)
@@ -1037,6 +1030,13 @@ class Runner:
             m.extra["loss_first_to_last_minute"] = round(1 - last / first, 4) if first else None
         await self.exhausted(m, consumer)
         return self.keep(m)
+
+
+def left_over(m: Measured, left: int, key: str = "queued_left") -> None:
+    """Record what the run left queued; none left means its rate is only a lower bound."""
+    m.extra[key] = left
+    if left == 0:
+        m.notes.append(RAN_OUT)
 
 
 def shorten(lines: list[str], head: int = 24, tail: int = 8) -> list[str]:
