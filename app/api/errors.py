@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from sqlalchemy.exc import DataError
 
 from app.api.responses import JSONResponse
 from app.domain import errors
@@ -48,14 +47,6 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(400, "; ".join(map(str, reasons))), status_code=400)
 
 
-async def _data_error(_request: Request, _exc: Exception) -> JSONResponse:
-    # The database refused a value from the request (a NUL in a path id, say): the client's
-    # input, so a 400. The driver's message is not echoed, as it may quote parameters.
-    detail = "the request holds a value the database cannot store or compare"
-    return JSONResponse(error_body(400, detail), status_code=400)
-
-
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(errors.BrokerError, _broker_error)
-    app.add_exception_handler(DataError, _data_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -27,6 +27,10 @@ class InvalidInput(BrokerError):
     """The request is malformed or breaks a documented rule."""
 
 
+class UnstorableValue(InvalidInput):
+    """The database refused a value from the request (a NUL byte, a number out of range)."""
+
+
 class InvalidTransition(InvalidInput):
     """The job state machine does not allow the requested move."""
 

@@ -122,3 +122,12 @@ class Page(Generic[T]):
     next_cursor: str | None = None
     previous_cursor: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where a page starts: after `next` or before `previous` (at most one is set); opaque
+    to clients."""
+
+    next: str | None = None
+    previous: str | None = None

@@ -9,9 +9,8 @@ from email.utils import format_datetime
 from urllib.parse import urlparse
 
 from app.domain.errors import InvalidInput, NotFound, PreconditionFailed
-from app.domain.models import Consumer, ConsumerType, Page, Stakeholder
+from app.domain.models import Consumer, ConsumerType, Cursor, Page, Stakeholder
 from app.store.db import Database, Tx
-from app.store.pagination import Cursor
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
 
 PAGE_SIZE = 25

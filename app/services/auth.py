@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import hmac
-
 from app.domain.errors import Forbidden, NotFound, PreconditionFailed, Unauthenticated
 from app.domain.models import Consumer, ConsumerType
 from app.store.db import Tx
-from app.store.stakeholders import channel_and_producer_tokens, consumer_with_channel_token
-
-
-def tokens_match(given: str | None, expected: str) -> bool:
-    return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+from app.store.stakeholders import check_consumer_tokens, check_producer_tokens
 
 
 async def pull_consumer(
@@ -27,15 +21,15 @@ async def pull_consumer(
 
     Job reads and the dead-letter queue serve push consumers too (require_pull=False).
     """
-    found = await consumer_with_channel_token(tx, channel_id, consumer_id)
+    found = await check_consumer_tokens(tx, channel_id, channel_token, consumer_id, consumer_token)
     if found is None:
         raise NotFound(f"channel {channel_id!r} not found")
-    expected_channel_token, consumer = found
-    if not tokens_match(channel_token, expected_channel_token):
+    if not found.channel_token_ok:
         raise Forbidden("channel token does not match")
+    consumer = found.consumer
     if consumer is None:
         raise Unauthenticated(f"consumer {consumer_id!r} does not exist in this channel")
-    if not tokens_match(consumer_token, consumer.token):
+    if not found.consumer_token_ok:
         raise Forbidden("consumer token does not match")
     if require_pull and consumer.type is not ConsumerType.PULL:
         raise PreconditionFailed(f"consumer {consumer_id!r} is a push consumer")
@@ -50,14 +44,15 @@ async def publishing_producer(
     producer_token: str | None,
 ) -> str:
     """404 channel, 403 channel token, 401 unknown producer, 403 producer token; one query."""
-    found = await channel_and_producer_tokens(tx, channel_id, producer_id or "")
+    found = await check_producer_tokens(
+        tx, channel_id, channel_token, producer_id or "", producer_token
+    )
     if found is None:
         raise NotFound(f"channel {channel_id!r} not found")
-    expected_channel_token, expected_producer_token = found
-    if not tokens_match(channel_token, expected_channel_token):
+    if not found.channel_token_ok:
         raise Forbidden("channel token does not match")
-    if not producer_id or expected_producer_token is None:
+    if not producer_id or not found.producer_found:
         raise Unauthenticated(f"producer {producer_id!r} does not exist")
-    if not tokens_match(producer_token, expected_producer_token):
+    if not found.producer_token_ok:
         raise Forbidden("producer token does not match")
     return producer_id

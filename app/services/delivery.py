@@ -15,12 +15,11 @@ from typing import NamedTuple, overload
 
 from app.domain.errors import Conflict, InvalidInput, NotFound, TooManyWaiting
 from app.domain.jobs import AckType, JobStatus, RetryPolicy, check_seed_transition
-from app.domain.models import ClaimedJob, Consumer, ConsumerType, Job, Page, PulledJob
+from app.domain.models import ClaimedJob, Consumer, ConsumerType, Cursor, Job, Page, PulledJob
 from app.services.auth import pull_consumer
 from app.store import hotpath
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
-from app.store.pagination import Cursor
 from app.store.signals import Signals
 from app.store.stakeholders import ConsumerStore
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import builtins
 
 from app.domain.errors import NotFound
-from app.domain.models import Job, Message, Page
+from app.domain.models import Cursor, Job, Message, Page
 from app.store.db import Database
 from app.store.jobs import JobStore
 from app.store.messages import MessageStore
-from app.store.pagination import Cursor
 from app.store.stakeholders import ConsumerStore, channels
 
 PAGE_SIZE = 25

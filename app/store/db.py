@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol
 
+import psycopg
 from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
+from sqlalchemy.exc import DataError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.util import greenlet_spawn
 
 from app.config import DatabaseConfig
+from app.domain.errors import UnstorableValue
 
 NOTIFY_CHANNEL = "webhook_broker_jobs"
 
@@ -50,6 +53,14 @@ class Database:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
+        with refused_values():
+            async with self._begin() as tx:
+                yield tx
+        if tx.announced:
+            self.wake_here(tx.announced)
+
+    @asynccontextmanager
+    async def _begin(self) -> AsyncIterator[Tx]:
         async with self.engine.begin() as conn:
             tx = Tx(conn, self.dialect)
             yield tx
@@ -59,8 +70,6 @@ class Database:
                     text("SELECT pg_notify(:channel, :payload)"),
                     {"channel": NOTIFY_CHANNEL, "payload": _payload(tx.announced)},
                 )
-        if tx.announced:
-            self.wake_here(tx.announced)
 
     def wake_here(self, consumer_pks: Iterable[int]) -> None:
         """Wake this process's waiters now (NOTIFY reaches the others, and this one later)."""
@@ -76,6 +85,12 @@ class Database:
         compilation. `sql` uses the driver's %(name)s placeholders. `prepare`: psycopg's
         (None: prepared once it has run a few times, then usually with a generic plan).
         """
+        with refused_values():
+            return await self._run_alone(sql, params, prepare)
+
+    async def _run_alone(
+        self, sql: str, params: dict[str, Any], prepare: bool | None
+    ) -> list[tuple[Any, ...]]:
         # Straight from the pool to psycopg: a Connection and its execution options would
         # cost more Python than the statement takes on the server.
         raw = await self.engine.raw_connection()
@@ -99,6 +114,20 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+@contextmanager
+def refused_values() -> Iterator[None]:
+    """The one driver-error boundary: a value the database cannot store or compare (a NUL in a
+    text, a number past a column's range) came from a client, so it is that client's bad
+    input, whichever entry point and driver ran the statement. The driver's message is not
+    passed on: it may quote parameters, tokens among them."""
+    try:
+        yield
+    except (DataError, psycopg.DataError, OverflowError) as exc:
+        raise UnstorableValue(
+            "the request holds a value the database cannot store or compare"
+        ) from exc
 
 
 # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; past this, wake every waiter.

@@ -33,10 +33,10 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
-from app.domain.models import ClaimedJob, Job, Message, Page
+from app.domain.models import ClaimedJob, Cursor, Job, Message, Page
 from app.store.db import Tx, now, plus_seconds
 from app.store.messages import message_from_mapping, message_from_row
-from app.store.pagination import Cursor, decode_cursor, encode_cursor
+from app.store.pagination import decode_cursor, encode_cursor
 from app.store.schema import consumer, job, message
 
 # Pull responses and ack subjects count due jobs left up to this many: an exact count of a

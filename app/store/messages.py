@@ -10,9 +10,9 @@ from sqlalchemy import Row, func, insert, literal, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import Conflict, InvalidInput
-from app.domain.models import Message, Page
+from app.domain.models import Cursor, Message, Page
 from app.store.db import Tx, now
-from app.store.pagination import Cursor, decode_int_cursor, page_bounds, paginate
+from app.store.pagination import decode_int_cursor, page_bounds, paginate
 from app.store.schema import consumer, job, message
 
 

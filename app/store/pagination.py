@@ -5,20 +5,12 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select
 
 from app.domain.errors import InvalidInput
-
-
-@dataclass(frozen=True, slots=True)
-class Cursor:
-    """Where a page starts: after `next` or before `previous` (at most one is set)."""
-
-    next: str | None = None
-    previous: str | None = None
+from app.domain.models import Cursor
 
 
 def encode_cursor(value: object) -> str:

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Row, Table, and_, delete, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    Table,
+    and_,
+    delete,
+    false,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
-from app.domain.models import Consumer, ConsumerType, Page, Stakeholder
+from app.domain.models import Consumer, ConsumerType, Cursor, Page, Stakeholder
 from app.store.db import Tx
-from app.store.pagination import Cursor, page_bounds, paginate
+from app.store.pagination import page_bounds, paginate
 from app.store.schema import channel, consumer, producer
 
 
@@ -148,15 +159,29 @@ class ConsumerStore:
         return Page([consumer_from_row(row) for row in items], next_cursor, previous_cursor)
 
 
-async def consumer_with_channel_token(
-    tx: Tx, channel_id: str, consumer_id: str
-) -> tuple[str, Consumer | None] | None:
-    """The channel's token and the consumer, in one round trip; None when no such channel.
+# Tokens are compared by the database, here as in the queue statements (app/store/queue.py):
+# the rows are found by their keys first, so each comparison is one short string equality, and
+# no token leaves the database on a request's path.
 
-    Every pull and ack authenticates first, so this sits on the hot path.
-    """
+
+class ConsumerCheck(NamedTuple):
+    channel_token_ok: bool
+    consumer: Consumer | None  # None: no such consumer in the channel
+    consumer_token_ok: bool
+
+
+async def check_consumer_tokens(
+    tx: Tx, channel_id: str, channel_token: str | None, consumer_id: str, consumer_token: str | None
+) -> ConsumerCheck | None:
+    """Both tokens checked and the consumer read, in one round trip; None when no such channel.
+
+    Every pull and ack that is not settled by its one statement comes here first."""
     query = (
-        select(channel.c.token.label("channel_token"), *consumer.c)
+        select(
+            _matches(channel.c.token, channel_token).label("channel_token_ok"),
+            _matches(consumer.c.token, consumer_token).label("consumer_token_ok"),
+            *consumer.c,
+        )
         .select_from(
             channel.outerjoin(
                 consumer,
@@ -168,19 +193,38 @@ async def consumer_with_channel_token(
     row = (await tx.conn.execute(query)).first()
     if row is None:
         return None
-    return row.channel_token, consumer_from_row(row) if row.pk is not None else None
+    found = consumer_from_row(row) if row.pk is not None else None
+    return ConsumerCheck(bool(row.channel_token_ok), found, bool(row.consumer_token_ok))
 
 
-async def channel_and_producer_tokens(
-    tx: Tx, channel_id: str, producer_id: str
-) -> tuple[str, str | None] | None:
-    """The channel's token and the producer's (None if unknown); None when no such channel."""
+class ProducerCheck(NamedTuple):
+    channel_token_ok: bool
+    producer_found: bool
+    producer_token_ok: bool
+
+
+async def check_producer_tokens(
+    tx: Tx, channel_id: str, channel_token: str | None, producer_id: str, producer_token: str | None
+) -> ProducerCheck | None:
+    """The channel's and the producer's tokens checked in one round trip; None when no such
+    channel."""
     query = (
-        select(channel.c.token.label("channel_token"), producer.c.token.label("producer_token"))
+        select(
+            _matches(channel.c.token, channel_token).label("channel_token_ok"),
+            producer.c.id.is_not(None).label("producer_found"),
+            _matches(producer.c.token, producer_token).label("producer_token_ok"),
+        )
         .select_from(channel.outerjoin(producer, producer.c.id == producer_id))
         .where(channel.c.id == channel_id)
     )
     row = (await tx.conn.execute(query)).first()
     if row is None:
         return None
-    return row.channel_token, row.producer_token
+    return ProducerCheck(
+        bool(row.channel_token_ok), bool(row.producer_found), bool(row.producer_token_ok)
+    )
+
+
+def _matches(column: ColumnElement[Any], given: str | None) -> ColumnElement[Any]:
+    # No token given never matches (NULL = x is NULL, which reads as false).
+    return func.coalesce(column == given, false()) if given is not None else false()
