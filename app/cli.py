@@ -55,6 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"webhook-broker: bad configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.log)
+    if config.ignored_keys:
+        log.warning(
+            "config keys with no effect yet (the Go original's, not implemented here): %s",
+            ", ".join(config.ignored_keys),
+        )
     if args.command == "migrate":
         migrate(config)
         return 0
@@ -103,7 +108,7 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
             # Waiting long polls return now, so draining in-flight requests ends promptly.
-            runtime.delivery.drain()
+            runtime.pulls.drain()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
         @contextmanager

@@ -5,6 +5,10 @@ Layers, later ones win key by key: built-in defaults, /etc/webhook-broker/webhoo
 variables WEBHOOK_BROKER__<SECTION>__<KEY> (underscores in SECTION and KEY stand for dashes,
 except that a KEY of an [initial-*] section is an id and is taken as written).
 Nothing is read at import time: entry points call load_config() and pass the result down.
+
+Every key is declared once, in SECTIONS: its default, parser, help text and whether we act on
+it. The defaults, the validation, the unknown-key check and webhook-broker.cfg.template
+(`python -m app.config > webhook-broker.cfg.template`) all come from that table.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import os
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ConsumerType
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "WEBHOOK_BROKER__"
 
@@ -36,82 +44,502 @@ def default_locations() -> tuple[Path, ...]:
     )
 
 
-# Every key we read, with its default; the template documents the same keys.
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the section, key and reason."""
+
+
+# -- Parsers: each takes the stripped text of a value and raises ValueError with the reason --------
+
+
+def _integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("must be a whole number") from None
+
+
+def _non_negative_int(raw: str) -> int:
+    value = _integer(raw)
+    if value < 0:
+        raise ValueError("must be zero or more")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    value = _integer(raw)
+    if value < 1:
+        raise ValueError("must be at least 1")
+    return value
+
+
+def _boolean(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _non_empty(raw: str) -> str:
+    if not raw:
+        raise ValueError("must not be empty")
+    return raw
+
+
+def _delays(raw: str) -> tuple[int, ...]:
+    values = tuple(_positive_int(part.strip()) for part in raw.split(",") if part.strip())
+    if not values:
+        raise ValueError("needs at least one delay")
+    return values
+
+
+def _dialect(raw: str) -> str:
+    lowered = raw.lower()
+    if lowered in ("sqlite", "sqlite3"):
+        return "sqlite"
+    if lowered in ("postgresql", "postgres"):
+        return "postgresql"
+    raise ValueError("must be sqlite or postgresql")
+
+
+def _listener(raw: str) -> tuple[str, int]:
+    host, sep, port_text = raw.rpartition(":")
+    if not sep:
+        raise ValueError("must be host:port (':8080' listens on every interface)")
+    port = _integer(port_text)
+    if not 0 < port < 65536:
+        raise ValueError("port must be between 1 and 65535")
+    return (host.strip("[]") or "0.0.0.0", port)
+
+
+def _log_level(raw: str) -> str:
+    level = raw.upper()
+    aliases = {"WARN": "WARNING", "FATAL": "CRITICAL", "PANIC": "CRITICAL", "TRACE": "DEBUG"}
+    level = aliases.get(level, level)
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError("must be one of debug, info, warn, error, fatal")
+    return level
+
+
+def _header_name(raw: str) -> str:
+    if not raw or any(ch in raw for ch in " :\t\r\n"):
+        raise ValueError("must be a valid HTTP header name")
+    return raw
+
+
+def _terminal_statuses(raw: str) -> tuple[str, ...]:
+    allowed = (JobStatus.DELIVERED.value, JobStatus.DEAD.value)
+    values = tuple(dict.fromkeys(part.strip().upper() for part in raw.split(",") if part.strip()))
+    if not values or any(value not in allowed for value in values):
+        raise ValueError("must list DELIVERED and/or DEAD")
+    return values
+
+
+def _nats_mode(raw: str) -> str:
+    if raw.lower() not in ("client", "hybrid"):
+        raise ValueError("must be client or hybrid")
+    return raw.lower()
+
+
+def _nats_url(raw: str) -> str:
+    for url in raw.split(","):
+        if urlparse(url.strip()).scheme not in ("nats", "tls", "nats-leaf") or ":" not in url:
+            raise ValueError("must be nats://host:port (several separated by commas)")
+    return raw
+
+
+def _nats_prefix(raw: str) -> str:
+    if not raw or any(ch in raw for ch in " *>\t") or raw.startswith(".") or raw.endswith("."):
+        raise ValueError("must be a subject prefix without wildcards, e.g. $JS.API")
+    return raw
+
+
+# -- The table: every key, once -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One key of a section; defaults, parsing, errors and the template all come from these."""
+
+    name: str
+    default: str  # as written in a file
+    parse: Callable[[str], object]
+    help: str
+    # The field it fills on its section's dataclass, when that is not its name with underscores.
+    attr: str = ""
+    # False: a key of the Go original that we accept and validate (so its files load) but do
+    # not act on; setting it makes the broker warn at start.
+    implemented: bool = True
+
+    @property
+    def field_name(self) -> str:
+        return self.attr or self.name.replace("-", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    name: str
+    keys: tuple[Key, ...]
+    help: str = ""
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section(
+        "rdbms",
+        (
+            Key("dialect", "sqlite", _dialect, "sqlite (embedded, zero setup) or postgresql."),
+            Key(
+                "connection-url",
+                "webhook-broker.sqlite3",
+                _non_empty,
+                "sqlite: a file path. postgresql: postgresql://user:password@host:port/dbname",
+            ),
+            Key(
+                "connxn-max-idle-time-seconds",
+                "0",
+                _non_negative_int,
+                "Seconds an idle pooled connection may live (0 = no limit).",
+                implemented=False,
+            ),
+            Key(
+                "connxn-max-lifetime-seconds",
+                "0",
+                _non_negative_int,
+                "Seconds before a pooled connection is recycled (0 = never).",
+                attr="pool_recycle_seconds",
+            ),
+            Key(
+                "max-idle-connxns",
+                "10",
+                _positive_int,
+                "Connections kept open in the pool (PostgreSQL).",
+            ),
+            Key(
+                "max-open-connxns",
+                "20",
+                _positive_int,
+                "Most connections open at once (PostgreSQL).",
+            ),
+        ),
+    ),
+    Section(
+        "http",
+        (
+            Key(
+                "listener",
+                ":8080",
+                _listener,
+                'host:port to listen on; ":8080" listens on every interface.',
+            ),
+            Key(
+                "read-timeout",
+                "240",
+                _positive_int,
+                "Seconds allowed to read a request.",
+                implemented=False,
+            ),
+            Key(
+                "write-timeout",
+                "240",
+                _positive_int,
+                "Seconds a stopping server (SIGTERM) waits for in-flight requests; no per-request "
+                "write timeout is applied.",
+            ),
+            Key(
+                "admin-token",
+                "",
+                str,
+                "When set, PUT and DELETE on producers, channels and consumers need "
+                '"Authorization: Bearer <admin-token>".',
+            ),
+        ),
+    ),
+    Section(
+        "log",
+        (
+            Key("filename", "", str, "File the log is appended to; empty logs to stderr."),
+            Key(
+                "log-level",
+                "info",
+                _log_level,
+                "debug, info, warn, error or fatal.",
+                attr="level",
+            ),
+            Key(
+                "max-file-size-in-mb",
+                "200",
+                _non_negative_int,
+                "Size at which the log file is rotated.",
+                implemented=False,
+            ),
+            Key(
+                "max-backups",
+                "3",
+                _non_negative_int,
+                "Rotated log files kept.",
+                implemented=False,
+            ),
+            Key(
+                "max-age-in-days",
+                "28",
+                _non_negative_int,
+                "Days rotated log files are kept.",
+                implemented=False,
+            ),
+            Key(
+                "compress-backups",
+                "true",
+                _boolean,
+                "Whether rotated log files are compressed.",
+                implemented=False,
+            ),
+        ),
+    ),
+    Section(
+        "broker",
+        (
+            Key(
+                "max-message-queue-size",
+                "10000",
+                _positive_int,
+                "Length of the in-memory delivery queue (here jobs queue in the database).",
+                implemented=False,
+            ),
+            Key(
+                "max-workers",
+                "200",
+                _positive_int,
+                "Push deliveries in flight at once, per dispatcher process.",
+            ),
+            Key(
+                "priority-dispatcher-enabled",
+                "true",
+                _boolean,
+                "Whether delivery goes by message priority (here it always does).",
+                implemented=False,
+            ),
+            Key(
+                "retrigger-base-endpoint",
+                "http://localhost:8080",
+                str,
+                "Base URL the Go original's recovery workers call to retrigger jobs.",
+                implemented=False,
+            ),
+            Key(
+                "max-retry",
+                "5",
+                _non_negative_int,
+                "Retries after the first delivery; the failure after the last retry dead-letters "
+                "the job.",
+            ),
+            Key(
+                "rational-delay-in-seconds",
+                "2",
+                _positive_int,
+                "Sweeper interval, and part of the default lease (with "
+                "connection-timeout-in-seconds).",
+                attr="rational_delay_seconds",
+            ),
+            Key(
+                "retry-backoff-delays-in-seconds",
+                "5,30,60",
+                _delays,
+                "Backoff before retry k: D[k-1] while k < len(D), then (k - len(D) + 1) * D[-1].",
+                attr="retry_backoff_delays",
+            ),
+            Key(
+                "recovery-workers-enabled",
+                "true",
+                _boolean,
+                "Whether workers requeue stuck jobs (here the sweeper always does).",
+                implemented=False,
+            ),
+            Key(
+                "max-message-size-bytes",
+                "5242880",
+                _positive_int,
+                "Largest message body accepted by broadcast (413 beyond it).",
+            ),
+        ),
+    ),
+    Section(
+        "consumer-connection",
+        (
+            Key(
+                "token-header-name",
+                "X-Broker-Consumer-Token",
+                _header_name,
+                "Header that carries the consumer's token on push deliveries.",
+            ),
+            Key("user-agent", "Webhook Message Broker", str, "User-Agent of push deliveries."),
+            Key(
+                "connection-timeout-in-seconds",
+                "30",
+                _positive_int,
+                "Push request timeout; with rational-delay-in-seconds, the default ack wait of "
+                "a job.",
+                attr="connection_timeout_seconds",
+            ),
+        ),
+    ),
+    Section(
+        "pull",
+        (
+            Key(
+                "max-batch",
+                "256",
+                _positive_int,
+                "Most jobs one pull (or one batch ack) may carry.",
+            ),
+            Key(
+                "max-expires-seconds",
+                "300",
+                _positive_int,
+                "Longest a pull may wait for its first job.",
+            ),
+            Key(
+                "max-waiting",
+                "512",
+                _positive_int,
+                "Pulls that may wait on one consumer at once, per process (409 beyond it).",
+            ),
+            Key(
+                "sweep-batch-size",
+                "500",
+                _positive_int,
+                "Expired leases moved per sweep statement.",
+            ),
+            Key(
+                "vacuum-interval-seconds",
+                "10",
+                _non_negative_int,
+                "PostgreSQL: the sweeper vacuums the job table this often (0: leave it to "
+                "autovacuum), once vacuum-min-dead-jobs row versions are dead. Claims step over "
+                "the dead index entries until a vacuum.",
+            ),
+            Key(
+                "vacuum-min-dead-jobs",
+                "20000",
+                _non_negative_int,
+                "Dead row versions the job table needs before the sweeper vacuums it.",
+            ),
+        ),
+    ),
+    Section(
+        "nats",
+        (
+            Key("mode", "client", _nats_mode, "client or hybrid."),
+            Key(
+                "url",
+                "nats://127.0.0.1:4222",
+                _nats_url,
+                "The NATS server the bridge connects to as a client (several separated by commas).",
+            ),
+            Key(
+                "leaf-url",
+                "",
+                str,
+                "mode=hybrid: the server's leafnode URL, e.g. nats-leaf://127.0.0.1:7422.",
+            ),
+            Key(
+                "api-prefix",
+                "$JS.API",
+                _nats_prefix,
+                "Subject prefix of the JetStream API requests the bridge answers.",
+            ),
+            Key(
+                "ack-prefix",
+                "$WB.ACK",
+                _nats_prefix,
+                "mode=client: subject prefix of the acks (a client may not use $JS.ACK).",
+            ),
+            Key(
+                "queue-group",
+                "webhook-broker-bridge",
+                str,
+                "Queue group shared by bridge processes, so each request is answered once.",
+            ),
+            Key("user", "", str, "Client connection user (empty: none)."),
+            Key("password", "", str, "Client connection password."),
+            Key("token", "", str, "Client connection auth token (empty: none)."),
+            Key("credentials", "", str, "Client connection credentials file (empty: none)."),
+            Key("leaf-user", "", str, "Leafnode connection user (empty: user)."),
+            Key("leaf-password", "", str, "Leafnode connection password (empty: password)."),
+            Key("leaf-token", "", str, "Leafnode connection auth token (empty: token)."),
+        ),
+        help="The NATS bridge (webhook-broker bridge). client: one client connection, acks under "
+        "ack-prefix, works with any NATS server. hybrid: a client connection for $JS.API plus a "
+        "leafnode connection (leaf-url) that delivers with $JS.ACK replies, so msg.metadata works.",
+    ),
+    Section(
+        "pipeline",
+        (
+            Key(
+                "archive-root",
+                "webhook-broker-archive",
+                _non_empty,
+                "Where the Parquet archive goes: a local path, file:, hdfs: or s3a: URI.",
+            ),
+            Key(
+                "report-root",
+                "webhook-broker-report",
+                _non_empty,
+                "Where the report goes (a path the driver sees).",
+            ),
+            Key(
+                "retention-days",
+                "7",
+                _non_negative_int,
+                "Archive messages received more than this many days ago (database clock).",
+            ),
+            Key(
+                "terminal-statuses",
+                "DELIVERED,DEAD",
+                _terminal_statuses,
+                "A message is archived only when all its jobs are in these states.",
+            ),
+            Key("batch-size", "100000", _positive_int, "Messages per archive batch."),
+            Key(
+                "max-batches",
+                "0",
+                _non_negative_int,
+                "New batches per run (0: until nothing is left).",
+            ),
+            Key(
+                "jdbc-partitions",
+                "4",
+                _positive_int,
+                "Most JDBC partitions per read; each one is a database connection.",
+            ),
+            Key("jdbc-fetch-size", "10000", _positive_int, "JDBC fetch size."),
+            Key(
+                "jdbc-jar",
+                "/usr/share/java/postgresql.jar",
+                _non_empty,
+                "The PostgreSQL JDBC driver (spark.jars).",
+            ),
+            Key(
+                "master",
+                "",
+                str,
+                "Spark master; --master wins over it. Both empty: spark-submit's master, or "
+                "local[*] when run directly.",
+            ),
+            Key("shuffle-partitions", "8", _positive_int, "spark.sql.shuffle.partitions."),
+        ),
+        help="The Spark archive and report jobs (webhook-broker pipeline); see docs/pipeline.md.",
+    ),
+)
+
+SECTION_KEYS: dict[str, dict[str, Key]] = {
+    section.name: {key.name: key for key in section.keys} for section in SECTIONS
+}
+# Defaults of the keys we act on. Not-implemented keys are left out: the template shows them
+# commented out, so a copy of the template sets none of them and warns about nothing.
 DEFAULTS: dict[str, dict[str, str]] = {
-    "rdbms": {
-        "dialect": "sqlite",
-        "connection-url": "webhook-broker.sqlite3",
-        "connxn-max-idle-time-seconds": "0",
-        "connxn-max-lifetime-seconds": "0",
-        "max-idle-connxns": "10",
-        "max-open-connxns": "20",
-    },
-    "http": {
-        "listener": ":8080",
-        "read-timeout": "240",
-        "write-timeout": "240",
-        "admin-token": "",
-    },
-    "log": {
-        "filename": "",
-        "log-level": "info",
-        "max-file-size-in-mb": "200",
-        "max-backups": "3",
-        "max-age-in-days": "28",
-        "compress-backups": "true",
-    },
-    "broker": {
-        "max-message-queue-size": "10000",
-        "max-workers": "200",
-        "priority-dispatcher-enabled": "true",
-        "retrigger-base-endpoint": "http://localhost:8080",
-        "max-retry": "5",
-        "rational-delay-in-seconds": "2",
-        "retry-backoff-delays-in-seconds": "5,30,60",
-        "recovery-workers-enabled": "true",
-        "max-message-size-bytes": "5242880",
-    },
-    "consumer-connection": {
-        "token-header-name": "X-Broker-Consumer-Token",
-        "user-agent": "Webhook Message Broker",
-        "connection-timeout-in-seconds": "30",
-    },
-    "pull": {
-        "max-batch": "256",
-        "max-expires-seconds": "300",
-        "max-waiting": "512",
-        "sweep-batch-size": "500",
-        "vacuum-interval-seconds": "10",
-        "vacuum-min-dead-jobs": "20000",
-    },
-    "nats": {
-        "mode": "client",
-        "url": "nats://127.0.0.1:4222",
-        "leaf-url": "",
-        "api-prefix": "$JS.API",
-        "ack-prefix": "$WB.ACK",
-        "queue-group": "webhook-broker-bridge",
-        "user": "",
-        "password": "",
-        "token": "",
-        "credentials": "",
-        "leaf-user": "",
-        "leaf-password": "",
-        "leaf-token": "",
-    },
-    "pipeline": {
-        "archive-root": "webhook-broker-archive",
-        "report-root": "webhook-broker-report",
-        "retention-days": "7",
-        "terminal-statuses": "DELIVERED,DEAD",
-        "batch-size": "100000",
-        "max-batches": "0",
-        "jdbc-partitions": "4",
-        "jdbc-fetch-size": "10000",
-        "jdbc-jar": "/usr/share/java/postgresql.jar",
-        "master": "",
-        "shuffle-partitions": "8",
-    },
+    section.name: {key.name: key.default for key in section.keys if key.implemented}
+    for section in SECTIONS
 }
 
 SEED_SECTIONS = (
@@ -122,12 +550,16 @@ SEED_SECTIONS = (
     "initial-producer-tokens",
 )
 CONSUMER_SEED_KEYS = frozenset({"token", "channel", "type", "name", "ack-wait", "max-ack-pending"})
-# Sections of the Go original we accept in a config file but do not use.
+# Sections of the Go original we accept in a config file but do not implement: any key in them
+# is taken, and reported like a not-implemented key.
 IGNORED_SECTIONS = frozenset({"scheduler", "prune", "dlq", "gateway-auth"})
 
 
-class ConfigError(ValueError):
-    """A config value is invalid; the message names the section, key and reason."""
+def _default(section: str, key: str) -> str:
+    return SECTION_KEYS[section][key].default
+
+
+# -- What the rest of the code gets ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +643,28 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class NatsConfig:
+    """mode=client: one client connection, acks under ack-prefix (any NATS server).
+    mode=hybrid: the client connection answers the API; a leafnode connection to leaf-url
+    delivers with `$JS.ACK.` replies (msg.metadata works) and receives the acks."""
+
+    # Defaults here too (from the table) because tests and tools build one from a few fields.
+    mode: str = _default("nats", "mode")
+    url: str = _default("nats", "url")
+    leaf_url: str = _default("nats", "leaf-url")
+    api_prefix: str = _default("nats", "api-prefix")
+    ack_prefix: str = _default("nats", "ack-prefix")
+    queue_group: str = _default("nats", "queue-group")
+    user: str = _default("nats", "user")
+    password: str = _default("nats", "password")
+    token: str = _default("nats", "token")
+    credentials: str = _default("nats", "credentials")
+    leaf_user: str = _default("nats", "leaf-user")
+    leaf_password: str = _default("nats", "leaf-password")
+    leaf_token: str = _default("nats", "leaf-token")
+
+
+@dataclass(frozen=True, slots=True)
 class SeedConsumer:
     id: str
     channel_id: str
@@ -248,6 +702,9 @@ class Config:
     nats: NatsConfig = field(default_factory=lambda: NatsConfig())
     seed: SeedData = field(default_factory=SeedData)
     sources: tuple[str, ...] = ()
+    # "[section] key" of every key that was set but has no effect yet (not implemented, or in
+    # an ignored section of the Go original); the process entry point warns about them.
+    ignored_keys: tuple[str, ...] = ()
 
     @property
     def default_ack_wait_seconds(self) -> int:
@@ -255,6 +712,9 @@ class Config:
         return (
             self.consumer_connection.connection_timeout_seconds + self.broker.rational_delay_seconds
         )
+
+
+# -- Loading --------------------------------------------------------------------------------------
 
 
 def load_config(
@@ -265,7 +725,6 @@ def load_config(
 ) -> Config:
     """Merge every layer and validate the result; raises ConfigError naming the bad key."""
     parser = _new_parser()
-    parser.read_dict(DEFAULTS)
     sources: list[str] = []
     candidates: list[Path] = list(default_locations()) if search_default_locations else []
     if path is not None:
@@ -287,7 +746,6 @@ def load_config(
 def load_config_text(text: str, *, environ: Mapping[str, str] | None = None) -> Config:
     """Defaults plus one INI text (and the environment, if given); for tests and tools."""
     parser = _new_parser()
-    parser.read_dict(DEFAULTS)
     try:
         parser.read_string(text)
     except configparser.Error as exc:
@@ -298,6 +756,8 @@ def load_config_text(text: str, *, environ: Mapping[str, str] | None = None) -> 
 
 def _new_parser() -> configparser.ConfigParser:
     # Ids and tokens are case-sensitive and may hold '%': no lower-casing, no interpolation.
+    # The parser holds only what files and the environment set (defaults come from the table),
+    # so a key present in it was set, which is what the not-implemented warning needs.
     parser = configparser.ConfigParser(interpolation=None, strict=False)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     return parser
@@ -318,91 +778,13 @@ def _apply_environment(parser: configparser.ConfigParser, environ: Mapping[str, 
         parser.set(section, key, value)
 
 
-T = TypeVar("T")
-
-
-def _get(
-    parser: configparser.ConfigParser, section: str, key: str, convert: Callable[[str], T]
-) -> T:
-    raw = parser.get(section, key, fallback=DEFAULTS[section][key]).strip()
-    try:
-        return convert(raw)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"[{section}] {key}={raw!r}: {exc}") from None
-
-
-def _integer(raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError("must be a whole number") from None
-
-
-def _non_negative_int(raw: str) -> int:
-    value = _integer(raw)
-    if value < 0:
-        raise ValueError("must be zero or more")
-    return value
-
-
-def _positive_int(raw: str) -> int:
-    value = _integer(raw)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
-
-
-def _boolean(raw: str) -> bool:
-    lowered = raw.lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise ValueError("must be true or false")
-
-
-def _delays(raw: str) -> tuple[int, ...]:
-    values = tuple(_positive_int(part.strip()) for part in raw.split(",") if part.strip())
-    if not values:
-        raise ValueError("needs at least one delay")
-    return values
-
-
-def _dialect(raw: str) -> str:
-    lowered = raw.lower()
-    if lowered in ("sqlite", "sqlite3"):
-        return "sqlite"
-    if lowered in ("postgresql", "postgres"):
-        return "postgresql"
-    raise ValueError("must be sqlite or postgresql")
-
-
-def _listener(raw: str) -> tuple[str, int]:
-    host, sep, port_text = raw.rpartition(":")
-    if not sep:
-        raise ValueError("must be host:port (':8080' listens on every interface)")
-    port = _integer(port_text)
-    if not 0 < port < 65536:
-        raise ValueError("port must be between 1 and 65535")
-    return (host.strip("[]") or "0.0.0.0", port)
-
-
-def _log_level(raw: str) -> str:
-    level = raw.upper()
-    aliases = {"WARN": "WARNING", "FATAL": "CRITICAL", "PANIC": "CRITICAL", "TRACE": "DEBUG"}
-    level = aliases.get(level, level)
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ValueError("must be one of debug, info, warn, error, fatal")
-    return level
-
-
 def _check_known_keys(parser: configparser.ConfigParser) -> None:
     seeded_consumers = (
         set(parser["initial-consumers"]) if parser.has_section("initial-consumers") else set()
     )
     for section in parser.sections():
-        if section in DEFAULTS:
-            unknown = set(parser[section]) - set(DEFAULTS[section])
+        if section in SECTION_KEYS:
+            unknown = set(parser[section]) - set(SECTION_KEYS[section])
             if unknown:
                 key = sorted(unknown)[0]
                 raise ConfigError(f"[{section}] {key}: unknown key")
@@ -416,12 +798,58 @@ def _check_known_keys(parser: configparser.ConfigParser) -> None:
             )
 
 
+def _ignored_keys(parser: configparser.ConfigParser) -> tuple[str, ...]:
+    found: list[str] = []
+    for section in parser.sections():
+        keys = SECTION_KEYS.get(section)
+        for name in parser[section]:
+            if section in IGNORED_SECTIONS or (keys is not None and not keys[name].implemented):
+                found.append(f"[{section}] {name}")
+    return tuple(found)
+
+
+def _parse(parser: configparser.ConfigParser, section: str, key: Key) -> Any:
+    raw = parser.get(section, key.name, fallback=key.default).strip()
+    try:
+        return key.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"[{section}] {key.name}={raw!r}: {exc}") from None
+
+
+def _parse_section(parser: configparser.ConfigParser, section: Section) -> dict[str, Any]:
+    """Every key of the section, set or defaulted, parsed and keyed by field name."""
+    return {key.field_name: _parse(parser, section.name, key) for key in section.keys}
+
+
+D = TypeVar("D", bound="DataclassInstance")
+
+
+def _fill(cls: type[D], values: Mapping[str, Any]) -> D:
+    """A section's dataclass from its parsed values, by field name. Values it has no field for
+    (not-implemented keys, or keys a builder folded into other fields) are left out."""
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
 def _build(parser: configparser.ConfigParser) -> Config:
     _check_known_keys(parser)
-    dialect = _get(parser, "rdbms", "dialect", _dialect)
-    url = _get(parser, "rdbms", "connection-url", str)
-    if not url:
-        raise ConfigError("[rdbms] connection-url: must not be empty")
+    values = {section.name: _parse_section(parser, section) for section in SECTIONS}
+    return Config(
+        database=_database(values["rdbms"]),
+        http=_http(values["http"]),
+        log=_fill(LogConfig, values["log"]),
+        broker=_fill(BrokerConfig, values["broker"]),
+        consumer_connection=_fill(ConsumerConnectionConfig, values["consumer-connection"]),
+        pull=_fill(PullConfig, values["pull"]),
+        pipeline=_fill(PipelineConfig, values["pipeline"]),
+        nats=_nats(values["nats"]),
+        seed=_build_seed(parser),
+        ignored_keys=_ignored_keys(parser),
+    )
+
+
+def _database(values: Mapping[str, Any]) -> DatabaseConfig:
+    dialect: str = values["dialect"]
+    url: str = values["connection_url"]
     if dialect == "postgresql" and not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(
             f"[rdbms] connection-url: a PostgreSQL URL looks like "
@@ -431,108 +859,40 @@ def _build(parser: configparser.ConfigParser) -> Config:
         raise ConfigError("[rdbms] connection-url: for sqlite give a file path, not a URL")
     if dialect == "sqlite":
         url = url.split("?", 1)[0]
-    pool_size = _get(parser, "rdbms", "max-idle-connxns", _positive_int)
-    max_open = _get(parser, "rdbms", "max-open-connxns", _positive_int)
-    database = DatabaseConfig(
-        dialect=dialect,
-        connection_url=url,
-        pool_size=min(pool_size, max_open),
-        max_overflow=max(0, max_open - pool_size),
-        pool_recycle_seconds=_get(
-            parser, "rdbms", "connxn-max-lifetime-seconds", _non_negative_int
-        ),
-    )
-    _get(parser, "rdbms", "connxn-max-idle-time-seconds", _non_negative_int)
-    host, port = _get(parser, "http", "listener", _listener)
-    http = HttpConfig(
-        host=host,
-        port=port,
-        read_timeout=_get(parser, "http", "read-timeout", _positive_int),
-        write_timeout=_get(parser, "http", "write-timeout", _positive_int),
-        admin_token=_get(parser, "http", "admin-token", str),
-    )
-    log = LogConfig(
-        filename=_get(parser, "log", "filename", str),
-        level=_get(parser, "log", "log-level", _log_level),
-    )
-    for key in ("max-file-size-in-mb", "max-backups", "max-age-in-days"):
-        _get(parser, "log", key, _non_negative_int)
-    _get(parser, "log", "compress-backups", _boolean)
-    broker = BrokerConfig(
-        max_workers=_get(parser, "broker", "max-workers", _positive_int),
-        max_retry=_get(parser, "broker", "max-retry", _non_negative_int),
-        rational_delay_seconds=_get(parser, "broker", "rational-delay-in-seconds", _positive_int),
-        retry_backoff_delays=_get(parser, "broker", "retry-backoff-delays-in-seconds", _delays),
-        max_message_size_bytes=_get(parser, "broker", "max-message-size-bytes", _positive_int),
-    )
-    _get(parser, "broker", "max-message-queue-size", _positive_int)
-    _get(parser, "broker", "priority-dispatcher-enabled", _boolean)
-    _get(parser, "broker", "recovery-workers-enabled", _boolean)
-    connection = ConsumerConnectionConfig(
-        token_header_name=_get(parser, "consumer-connection", "token-header-name", _header_name),
-        user_agent=_get(parser, "consumer-connection", "user-agent", str),
-        connection_timeout_seconds=_get(
-            parser, "consumer-connection", "connection-timeout-in-seconds", _positive_int
-        ),
-    )
-    pull = PullConfig(
-        max_batch=_get(parser, "pull", "max-batch", _positive_int),
-        max_expires_seconds=_get(parser, "pull", "max-expires-seconds", _positive_int),
-        max_waiting=_get(parser, "pull", "max-waiting", _positive_int),
-        sweep_batch_size=_get(parser, "pull", "sweep-batch-size", _positive_int),
-        vacuum_interval_seconds=_get(parser, "pull", "vacuum-interval-seconds", _non_negative_int),
-        vacuum_min_dead_jobs=_get(parser, "pull", "vacuum-min-dead-jobs", _non_negative_int),
-    )
-    return Config(
-        database=database,
-        http=http,
-        log=log,
-        broker=broker,
-        consumer_connection=connection,
-        pull=pull,
-        pipeline=_build_pipeline(parser),
-        nats=_build_nats(parser),
-        seed=_build_seed(parser),
+    # The Go original's idle/open pair, as SQLAlchemy's pool size plus overflow.
+    idle: int = values["max_idle_connxns"]
+    most: int = values["max_open_connxns"]
+    return _fill(
+        DatabaseConfig,
+        {
+            **values,
+            "connection_url": url,
+            "pool_size": min(idle, most),
+            "max_overflow": max(0, most - idle),
+        },
     )
 
 
-def _build_pipeline(parser: configparser.ConfigParser) -> PipelineConfig:
-    def get(key: str, convert: Callable[[str], T]) -> T:
-        return _get(parser, "pipeline", key, convert)
-
-    return PipelineConfig(
-        archive_root=get("archive-root", _non_empty),
-        report_root=get("report-root", _non_empty),
-        retention_days=get("retention-days", _non_negative_int),
-        terminal_statuses=get("terminal-statuses", _terminal_statuses),
-        batch_size=get("batch-size", _positive_int),
-        max_batches=get("max-batches", _non_negative_int),
-        jdbc_partitions=get("jdbc-partitions", _positive_int),
-        jdbc_fetch_size=get("jdbc-fetch-size", _positive_int),
-        jdbc_jar=get("jdbc-jar", _non_empty),
-        master=get("master", str),
-        shuffle_partitions=get("shuffle-partitions", _positive_int),
-    )
+def _http(values: Mapping[str, Any]) -> HttpConfig:
+    host, port = values["listener"]
+    return _fill(HttpConfig, {**values, "host": host, "port": port})
 
 
-def _non_empty(raw: str) -> str:
-    if not raw:
-        raise ValueError("must not be empty")
-    return raw
-
-
-def _terminal_statuses(raw: str) -> tuple[str, ...]:
-    allowed = (JobStatus.DELIVERED.value, JobStatus.DEAD.value)
-    values = tuple(dict.fromkeys(part.strip().upper() for part in raw.split(",") if part.strip()))
-    if not values or any(value not in allowed for value in values):
-        raise ValueError("must list DELIVERED and/or DEAD")
-    return values
-
-
-def _header_name(raw: str) -> str:
-    if not raw or any(ch in raw for ch in " :\t\r\n"):
-        raise ValueError("must be a valid HTTP header name")
-    return raw
+def _nats(values: Mapping[str, Any]) -> NatsConfig:
+    config = _fill(NatsConfig, values)
+    if config.mode == "hybrid":
+        if not config.leaf_url:
+            raise ConfigError("[nats] leaf-url: mode=hybrid needs the server's leafnode URL")
+        try:
+            _nats_url(config.leaf_url)
+        except ValueError as exc:
+            raise ConfigError(f"[nats] leaf-url={config.leaf_url!r}: {exc}") from None
+    if config.mode == "client" and (config.ack_prefix + ".").startswith("$JS.ACK."):
+        raise ConfigError(
+            f"[nats] ack-prefix={config.ack_prefix!r}: a client connection may not publish with a "
+            "$JS.ACK reply (the server refuses it); use mode=hybrid or another prefix"
+        )
+    return config
 
 
 def _redact_url(url: str) -> str:
@@ -540,6 +900,9 @@ def _redact_url(url: str) -> str:
     if parsed.password:
         return url.replace(f":{parsed.password}@", ":***@")
     return url
+
+
+# -- Seeds: [initial-*] sections and one section per seeded consumer ------------------------------
 
 
 def _section(parser: configparser.ConfigParser, name: str) -> Sequence[tuple[str, str]]:
@@ -650,74 +1013,78 @@ def _is_absolute_url(url: str) -> bool:
     return parsed.scheme in ("http", "https") and bool(parsed.netloc)
 
 
-# -- [nats]: the NATS bridge (`webhook-broker bridge`) --------------------------------------------
+# -- webhook-broker.cfg.template, generated from SECTIONS -----------------------------------------
+
+TEMPLATE_HEADER = """\
+# webhook-broker configuration. Every key is shown with its built-in default.
+#
+# Files are read in this order, later ones overriding earlier ones key by key:
+#   /etc/webhook-broker/webhook-broker.cfg, ~/.webhook-broker/webhook-broker.cfg,
+#   ./webhook-broker.cfg, then the file given with --config.
+# Then environment variables override single keys, for containers:
+#   WEBHOOK_BROKER__<SECTION>__<KEY>, underscores standing for dashes, e.g.
+#   WEBHOOK_BROKER__RDBMS__CONNECTION_URL=postgresql://broker:secret@db:5432/broker
+# A bad value stops the broker at start with the section, key and reason.
+# Keys shown commented out are the Go original's, not implemented yet: they are accepted (and
+# checked), have no effect, and setting one logs a warning at start.
+# Generated from app/config.py: python -m app.config > webhook-broker.cfg.template
+"""
+
+NOT_IMPLEMENTED_NOTE = "Not implemented yet: no effect."
+
+TEMPLATE_FOOTER = """\
+# Seeds, applied on every start (created or updated, never deleted). Uncomment to use.
+# [initial-channels]
+# sample-channel=Sample Channel
+# [initial-producers]
+# sample-producer=Sample Producer
+# [initial-channel-tokens]
+# sample-channel=sample-channel-token
+# [initial-producer-tokens]
+# sample-producer=sample-producer-token
+# [initial-consumers]
+# id=callback URL (may be empty for a pull consumer)
+# sample-consumer=http://sample-endpoint/webhook-receiver
+# sample-puller=
+# One section per seeded consumer: token and channel are required; type is push
+# (default) or pull; ack-wait (seconds), max-ack-pending and name are optional.
+# [sample-consumer]
+# token=sample-consumer-token
+# channel=sample-channel
+# [sample-puller]
+# token=sample-puller-token
+# channel=sample-channel
+# type=pull
+"""
 
 
-@dataclass(frozen=True, slots=True)
-class NatsConfig:
-    """mode=client: one client connection, acks under ack-prefix (any NATS server).
-    mode=hybrid: the client connection answers the API; a leafnode connection to leaf-url
-    delivers with `$JS.ACK.` replies (msg.metadata works) and receives the acks."""
-
-    mode: str = "client"
-    url: str = "nats://127.0.0.1:4222"
-    leaf_url: str = ""
-    api_prefix: str = "$JS.API"
-    ack_prefix: str = "$WB.ACK"
-    queue_group: str = "webhook-broker-bridge"
-    user: str = ""
-    password: str = ""
-    token: str = ""
-    credentials: str = ""
-    leaf_user: str = ""
-    leaf_password: str = ""
-    leaf_token: str = ""
+def _comment(text: str) -> list[str]:
+    wrapped = textwrap.wrap(text, width=98, break_long_words=False, break_on_hyphens=False)
+    return [f"# {line}" for line in wrapped]
 
 
-def _nats_mode(raw: str) -> str:
-    if raw.lower() not in ("client", "hybrid"):
-        raise ValueError("must be client or hybrid")
-    return raw.lower()
-
-
-def _nats_url(raw: str) -> str:
-    for url in raw.split(","):
-        if urlparse(url.strip()).scheme not in ("nats", "tls", "nats-leaf") or ":" not in url:
-            raise ValueError("must be nats://host:port (several separated by commas)")
-    return raw
-
-
-def _nats_prefix(raw: str) -> str:
-    if not raw or any(ch in raw for ch in " *>\t") or raw.startswith(".") or raw.endswith("."):
-        raise ValueError("must be a subject prefix without wildcards, e.g. $JS.API")
-    return raw
-
-
-def _build_nats(parser: configparser.ConfigParser) -> NatsConfig:
-    mode = _get(parser, "nats", "mode", _nats_mode)
-    leaf_url = _get(parser, "nats", "leaf-url", str)
-    if mode == "hybrid":
-        if not leaf_url:
-            raise ConfigError("[nats] leaf-url: mode=hybrid needs the server's leafnode URL")
-        _get(parser, "nats", "leaf-url", _nats_url)
-    ack_prefix = _get(parser, "nats", "ack-prefix", _nats_prefix)
-    if mode == "client" and (ack_prefix + ".").startswith("$JS.ACK."):
-        raise ConfigError(
-            f"[nats] ack-prefix={ack_prefix!r}: a client connection may not publish with a "
-            "$JS.ACK reply (the server refuses it); use mode=hybrid or another prefix"
-        )
-    return NatsConfig(
-        mode=mode,
-        url=_get(parser, "nats", "url", _nats_url),
-        leaf_url=leaf_url,
-        api_prefix=_get(parser, "nats", "api-prefix", _nats_prefix),
-        ack_prefix=ack_prefix,
-        queue_group=_get(parser, "nats", "queue-group", str),
-        user=_get(parser, "nats", "user", str),
-        password=_get(parser, "nats", "password", str),
-        token=_get(parser, "nats", "token", str),
-        credentials=_get(parser, "nats", "credentials", str),
-        leaf_user=_get(parser, "nats", "leaf-user", str),
-        leaf_password=_get(parser, "nats", "leaf-password", str),
-        leaf_token=_get(parser, "nats", "leaf-token", str),
+def render_template() -> str:
+    """The commented config template; tests check the committed file equals it."""
+    lines = [TEMPLATE_HEADER]
+    for section in SECTIONS:
+        lines.append(f"[{section.name}]")
+        if section.help:
+            # A bare "#" line keeps the section's prose apart from its first key's help.
+            lines += [*_comment(section.help), "#"]
+        for key in section.keys:
+            if key.implemented:
+                lines += [*_comment(key.help), f"{key.name}={key.default}"]
+            else:
+                lines += [*_comment(f"{key.help} {NOT_IMPLEMENTED_NOTE}")]
+                lines.append(f"# {key.name}={key.default}")
+        lines.append("")
+    ignored = ", ".join(f"[{name}]" for name in sorted(IGNORED_SECTIONS))
+    lines += _comment(
+        f"The Go original's {ignored} sections are accepted too; their keys have no effect yet."
     )
+    lines += ["", TEMPLATE_FOOTER]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render_template(), end="")

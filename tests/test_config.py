@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import typing
 from pathlib import Path
 
 import pytest
 
+from app import cli
 from app import config as config_module
-from app.config import ConfigError, load_config, load_config_text
+from app.config import SECTIONS, ConfigError, Key, load_config, load_config_text, render_template
 from app.domain.models import ConsumerType
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "webhook-broker.cfg.template"
 
 
 @pytest.fixture
@@ -375,3 +381,132 @@ def test_bad_value_gives_the_reason(text: str, reason: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config_text(text)
     assert reason in str(caught.value)
+
+
+# -- The key table: template, not-implemented keys, validation of every typed key ----------------
+
+
+def test_template_is_generated_from_the_key_table() -> None:
+    assert TEMPLATE.read_text(encoding="utf-8") == render_template(), (
+        "webhook-broker.cfg.template is stale: python -m app.config > webhook-broker.cfg.template"
+    )
+
+
+# Keys of the Go original that we accept but do not act on (checked by hand against app/).
+NOT_IMPLEMENTED = [
+    "[rdbms] connxn-max-idle-time-seconds",
+    "[http] read-timeout",
+    "[log] max-file-size-in-mb",
+    "[log] max-backups",
+    "[log] max-age-in-days",
+    "[log] compress-backups",
+    "[broker] max-message-queue-size",
+    "[broker] priority-dispatcher-enabled",
+    "[broker] retrigger-base-endpoint",
+    "[broker] recovery-workers-enabled",
+]
+
+
+def test_not_implemented_keys_are_reported_only_when_set() -> None:
+    assert load_config_text("").ignored_keys == ()
+    # A copy of the template sets none of them: they are commented out there.
+    assert load_config_text(TEMPLATE.read_text(encoding="utf-8")).ignored_keys == ()
+    declared = [
+        f"[{section.name}] {key.name}"
+        for section in SECTIONS
+        for key in section.keys
+        if not key.implemented
+    ]
+    assert declared == NOT_IMPLEMENTED
+    # Set to its default still counts: it was set, and it still does nothing.
+    text = "".join(
+        f"[{section.name}]\n{key.name}={key.default}\n"
+        for section in SECTIONS
+        for key in section.keys
+        if not key.implemented
+    )
+    assert load_config_text(text).ignored_keys == tuple(NOT_IMPLEMENTED)
+
+
+def test_not_implemented_keys_set_by_environment_or_ignored_section() -> None:
+    cfg = load_config_text(
+        "[scheduler]\nscheduler-interval-ms=5000\n[broker]\nmax-retry=3\n",
+        environ={"WEBHOOK_BROKER__LOG__MAX_BACKUPS": "7"},
+    )
+    assert cfg.ignored_keys == ("[scheduler] scheduler-interval-ms", "[log] max-backups")
+    assert cfg.broker.max_retry == 3
+
+
+def test_start_warns_once_naming_each_not_implemented_key(
+    layers: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    layers["explicit"].write_text(
+        "[log]\nmax-backups=5\n[broker]\npriority-dispatcher-enabled=false\nmax-retry=2\n"
+    )
+    monkeypatch.setenv("WEBHOOK_BROKER__RDBMS__CONNXN_MAX_IDLE_TIME_SECONDS", "60")
+    # Only the start-up path is under test: keep caplog's handler, skip the migration.
+    monkeypatch.setattr(cli, "setup_logging", lambda config: None)
+    monkeypatch.setattr(cli, "migrate", lambda config: None)
+    with caplog.at_level(logging.WARNING):
+        assert cli.main(["--config", str(layers["explicit"]), "migrate"]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    for name in (
+        "[log] max-backups",
+        "[broker] priority-dispatcher-enabled",
+        "[rdbms] connxn-max-idle-time-seconds",
+    ):
+        assert name in warnings[0]
+    assert "max-retry" not in warnings[0]
+    assert "no effect" in warnings[0]
+
+
+# One invalid value per parser; a new parser needs one here before its keys are covered.
+INVALID_BY_PARSER = {
+    "_dialect": "oracle",
+    "_non_empty": "",
+    "_non_negative_int": "-1",
+    "_positive_int": "0",
+    "_listener": "8080",
+    "_log_level": "loud",
+    "_boolean": "maybe",
+    "_delays": ",",
+    "_header_name": "X Bad",
+    "_terminal_statuses": "QUEUED",
+    "_nats_mode": "push",
+    "_nats_url": "http://x:1",
+    "_nats_prefix": "a.*.b",
+}
+TYPED_KEYS = [
+    (section.name, key) for section in SECTIONS for key in section.keys if key.parse is not str
+]
+
+
+@pytest.mark.parametrize(
+    ("section", "key"), TYPED_KEYS, ids=[f"{s}.{k.name}" for s, k in TYPED_KEYS]
+)
+def test_every_typed_key_refuses_a_bad_value_by_name(section: str, key: Key) -> None:
+    parser_name = getattr(key.parse, "__name__", repr(key.parse))
+    assert parser_name in INVALID_BY_PARSER, f"give {parser_name} an invalid example"
+    value = INVALID_BY_PARSER[parser_name]
+    env_name = "WEBHOOK_BROKER__{}__{}".format(
+        section.replace("-", "_").upper(), key.name.replace("-", "_").upper()
+    )
+    in_a_file: tuple[str, dict[str, str]] = (f"[{section}]\n{key.name}={value}\n", {})
+    in_the_environment = ("", {env_name: value})
+    for text, environ in (in_a_file, in_the_environment):
+        with pytest.raises(ConfigError) as caught:
+            load_config_text(text, environ=environ)
+        assert f"[{section}] {key.name}=" in str(caught.value)
+
+
+def test_every_field_gets_a_value_of_its_declared_type() -> None:
+    # The table hands parsed values to the dataclasses untyped; this checks what mypy cannot.
+    cfg = load_config_text("")
+    sections = (cfg.database, cfg.http, cfg.log, cfg.broker, cfg.consumer_connection)
+    for part in (*sections, cfg.pull, cfg.pipeline, cfg.nats):
+        hints = typing.get_type_hints(type(part))
+        for field in dataclasses.fields(part):
+            hint = hints[field.name]
+            expected = typing.get_origin(hint) or hint
+            assert isinstance(getattr(part, field.name), expected), (type(part), field.name)
