@@ -10,16 +10,20 @@ from dataclasses import dataclass, field
 
 from app.config import Config
 from app.dispatch.dispatcher import Dispatcher, close_quietly, http_client
+from app.domain.pulls import PullLimits
+from app.services.acking import AckService
 from app.services.admin import AdminService
-from app.services.delivery import DeliveryService, PullLimits
 from app.services.messages import MessageQueries
 from app.services.publishing import PublishingService
+from app.services.pulling import PullService
 from app.services.push import PushService
+from app.services.seed_jobs import SeedJobService
 from app.services.seeding import apply_seed
+from app.services.signals import Signals
 from app.services.sweeping import SweepService
 from app.store.db import Database
 from app.store.listener import NotifyListener
-from app.store.signals import Signals
+from app.store.queue import Queue
 from app.sweeper.runner import Sweeper
 
 log = logging.getLogger(__name__)
@@ -41,26 +45,32 @@ class Runtime:
     def __post_init__(self) -> None:
         config = self.config
         self.db = Database.from_config(config.database, waker=self.signals)
+        self.queue = Queue(self.db)
+        ack_wait = config.default_ack_wait_seconds
         self.admin = AdminService(self.db)
-        self.publishing = PublishingService(self.db, config.broker.max_message_size_bytes)
+        self.publishing = PublishingService(
+            self.db, self.queue, config.broker.max_message_size_bytes
+        )
         self.messages = MessageQueries(self.db)
-        self.delivery = DeliveryService(
+        self.pulls = PullService(
             self.db,
+            self.queue,
             self.signals,
-            config.broker.retry_policy,
-            config.default_ack_wait_seconds,
+            ack_wait,
             PullLimits(
                 max_batch=config.pull.max_batch,
                 max_expires_seconds=config.pull.max_expires_seconds,
                 max_waiting=config.pull.max_waiting,
             ),
         )
+        self.acks = AckService(
+            self.db, self.queue, config.broker.retry_policy, ack_wait, config.pull.max_batch
+        )
+        self.seed_jobs = SeedJobService(self.db, self.queue, ack_wait)
         self.sweeps = SweepService(
             self.db, config.broker.retry_policy, config.pull.sweep_batch_size
         )
-        self.push = PushService(
-            self.db, config.broker.retry_policy, config.default_ack_wait_seconds
-        )
+        self.push = PushService(self.db, self.queue, config.broker.retry_policy, ack_wait)
         self.listener: NotifyListener | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
 

@@ -3,7 +3,7 @@
 The statements are those app/store/jobs.py and app/store/messages.py issue (as SQLAlchemy
 renders them for psycopg: statuses and numbers are bind parameters, the same columns come
 back), run with `-M prepared` as psycopg does after a few executions. Statuses and the batch
-size are written into the claim and ack texts, as the hot paths (app/store/hotpath.py) write
+size are written into the claim and ack texts, as the broker's statements (app/store/queue.py) write
 them: with them as parameters a generic plan cannot use the partial claim index or price the
 LIMIT, so PostgreSQL planned every statement anew, a cost the broker no longer pays.
 

@@ -15,7 +15,8 @@ from sqlalchemy import event, text
 from app.api.app import create_app
 from app.config import Config
 from app.runtime import Runtime
-from app.store.jobs import PENDING_COUNT_CAP, JobStore
+from app.store.jobs import PENDING_COUNT_CAP
+from app.store.queue import Named
 from tests.helpers_pull import (
     PullConsumer,
     consumer_pk,
@@ -596,8 +597,10 @@ async def test_capped_claim_in_progress_does_not_block_publishers(
     await publish(client, "first")
     pk = await consumer_pk(runtime, "k1")
     async with runtime.db.transaction() as tx:
-        claimed = await JobStore(tx).claim(pk, limit=1, ack_wait=30, max_ack_pending=5)
-        assert len(claimed) == 1
+        claimed = await runtime.queue.claim(
+            Named(pk), limit=1, default_ack_wait=30, max_ack_pending=5, tx=tx
+        )
+        assert len(claimed.jobs) == 1
         # The claim's transaction is still open, holding its lock on the consumer row.
         await asyncio.wait_for(publish(client, "second"), timeout=5)
 

@@ -9,8 +9,8 @@ from fastapi import Depends, Header, Request
 
 from app.domain.errors import Forbidden, Unauthenticated, UnsupportedMediaType
 from app.domain.models import Cursor
+from app.domain.pulls import ConsumerCredentials
 from app.runtime import Runtime
-from app.services.delivery import ConsumerCredentials
 
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 

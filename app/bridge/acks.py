@@ -1,10 +1,11 @@
 """Acks from JetStream clients, turned into the shared ack statements in batches.
 
 Acks are queued as they arrive and applied by one task: everything queued so far for one
-consumer goes into one transaction (one conditional UPDATE per ack kind, DeliveryService.
-apply_acks). A job named twice in a batch (`+WPI` then `+ACK`) is split into consecutive
-rounds so both apply, in order. Fencing: the ack subject carries the attempt; an ack whose
-attempt or job no longer matches the current claim changes nothing and is ignored.
+consumer goes into one statement when all are plain acks, else one transaction (one
+conditional UPDATE per ack kind: AckService.ack_for). A job named twice in a batch (`+WPI`
+then `+ACK`) is split into consecutive rounds so both apply, in order. Fencing: the ack
+subject carries the attempt; an ack whose attempt or job no longer matches the current claim
+changes nothing and is ignored.
 After the commit: an empty reply to every ack that had a reply subject (nats-py `ack_sync`),
 `+NXT` requests go to the pull engine, and advisories are published.
 """
@@ -24,8 +25,8 @@ from app.bridge import protocol as p
 from app.bridge.engine import Outbound, PullEngine
 from app.domain.jobs import AckType
 from app.domain.models import ConsumerType, Job
+from app.domain.pulls import AckItem, AckResult
 from app.services.bridge import BridgeService, Lookup
-from app.services.delivery import AckItem
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,8 @@ class AckProcessor:
                     for a in round_
                 ]
                 result = await self._service.acks(consumer, items)
-                self.applied += sum(1 for o in result.outcomes if o.status in (200, 202))
-                await self._advise(round_, [o.status for o in result.outcomes], result.dead)
+                self.applied += sum(1 for o in result.outcomes if o.result.applied)
+                await self._advise(round_, [o.result for o in result.outcomes], result.dead)
             self._reply_all(acks)
             for ack in acks:
                 if ack.command.kind is p.AckKind.NEXT and ack.reply:
@@ -139,11 +140,13 @@ class AckProcessor:
             if ack.reply and ack.command.kind is not p.AckKind.NEXT:
                 self._replies.send(ack.reply, None, None, b"")
 
-    async def _advise(self, acks: list[InboundAck], statuses: list[int], dead: list[Job]) -> None:
+    async def _advise(
+        self, acks: list[InboundAck], results: list[AckResult], dead: list[Job]
+    ) -> None:
         now = datetime.now(UTC)
         dead_ids = {j.id for j in dead}
-        for ack, status in zip(acks, statuses, strict=True):
-            if status != 202 or ack.command.kind not in _ADVISED:
+        for ack, result in zip(acks, results, strict=True):
+            if result is not AckResult.DONE or ack.command.kind not in _ADVISED:
                 continue
             token = ack.token
             common: dict[str, object] = {

@@ -79,7 +79,9 @@ class Bridge:
         self.config = config
         self.name = name or "webhook-broker-bridge"
         broker = runtime.config
-        self.service = BridgeService(runtime.db, runtime.delivery, broker.broker.retry_policy)
+        self.service = BridgeService(
+            runtime.db, runtime.queue, runtime.pulls, runtime.acks, broker.broker.retry_policy
+        )
         self.cache = ConsumerCache(self.service)
         self.nc = NatsClient()
         self.hybrid = config.mode == "hybrid"

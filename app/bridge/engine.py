@@ -26,7 +26,7 @@ from typing import Protocol
 from app.bridge import protocol as p
 from app.domain.models import Consumer, ConsumerType, PulledJob
 from app.services.bridge import BridgeService, ClaimBatch, Delivery
-from app.store.signals import Signals
+from app.services.signals import Signals
 
 log = logging.getLogger(__name__)
 

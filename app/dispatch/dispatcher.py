@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import httpx
 
 from app.services.push import PushJob, PushService
-from app.store.signals import ANY_CONSUMER, Signals
+from app.services.signals import ANY_CONSUMER, Signals
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +36,19 @@ def sign(token: str, timestamp: int, body: bytes) -> str:
 def delivery_headers(
     job: PushJob, *, token_header: str, user_agent: str, now: float | None = None
 ) -> dict[str, str]:
-    message = job.claimed.message
+    message = job.job
     headers = dict(message.headers)
     headers.update(
         {
             "Content-Type": message.content_type,
             "X-Broker-Message-Priority": str(message.priority),
             "X-Broker-Message-ID": message.message_id,
-            "X-Broker-Channel-ID": message.channel_id,
+            "X-Broker-Channel-ID": job.consumer.channel_id,
             "X-Broker-Consumer-ID": job.consumer.id,
             token_header: job.consumer.token,
             "User-Agent": user_agent,
             "X-Request-ID": uuid.uuid4().hex,
-            "X-Broker-Delivery-Attempt": str(job.claimed.job.attempt),
+            "X-Broker-Delivery-Attempt": str(job.job.attempt),
             SIGNATURE_HEADER: sign(job.consumer.token, int(now or time.time()), message.payload),
         }
     )
@@ -116,7 +116,7 @@ class Dispatcher:
         limit = min(free, CLAIM_CHUNK)
         claim = await self._push.claim(limit)
         for job in claim.jobs:
-            task = asyncio.create_task(self._deliver(job), name=f"push-{job.claimed.job.id}")
+            task = asyncio.create_task(self._deliver(job), name=f"push-{job.job.id}")
             self._tasks.add(task)
             task.add_done_callback(self._finished)
         if len(claim.jobs) == limit:
@@ -162,7 +162,7 @@ class Dispatcher:
                 log.exception("recording %d delivered jobs failed", len(answered))
 
     async def _deliver(self, job: PushJob) -> None:
-        message = job.claimed.message
+        message = job.job
         headers = delivery_headers(
             job, token_header=self._token_header, user_agent=self._user_agent
         )
@@ -183,10 +183,10 @@ class Dispatcher:
             return
         try:
             status = await self._push.failed(job, error)
-            log.info("push of job %s failed (%s); now %s", job.claimed.job.id, error, status)
+            log.info("push of job %s failed (%s); now %s", job.job.id, error, status)
         except Exception:
             # The lease is still in the database: the sweeper will retry this job.
-            log.exception("recording the outcome of job %s failed", job.claimed.job.id)
+            log.exception("recording the outcome of job %s failed", job.job.id)
 
 
 # httpcore scans its whole pool on every request; a few dozen kept-alive connections serve

@@ -97,6 +97,7 @@ class PulledJob(NamedTuple):
     payload: bytes
     content_type: str
     headers: dict[str, str]
+    consumer_pk: int = 0  # the push dispatcher claims for many consumers at once
 
     @classmethod
     def of(cls, claimed: ClaimedJob) -> PulledJob:
@@ -111,6 +112,7 @@ class PulledJob(NamedTuple):
             message.payload,
             message.content_type,
             message.headers,
+            job.consumer_pk,
         )
 
 

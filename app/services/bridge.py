@@ -1,7 +1,7 @@
-"""Use cases of the NATS bridge, one transaction each, on the shared claim and ack statements.
+"""Use cases of the NATS bridge, on the shared claim and ack statements.
 
-A pull request becomes JobStore.claim (the same statement as the HTTP pull API) plus delivery
-sequence numbers; an ack becomes DeliveryService.apply_acks (the same conditional UPDATEs).
+A pull request becomes the Queue's claim (the same statement as the HTTP pull API) with its
+deliveries numbered in it; acks go through AckService, as HTTP acks do.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 
-from app.domain.jobs import AckType, JobStatus, RetryPolicy
-from app.domain.models import Consumer, Job, PulledJob
-from app.services.delivery import AckItem, AckOutcome, DeliveryService
-from app.store import hotpath
+from app.domain.jobs import RetryPolicy
+from app.domain.models import Consumer, PulledJob
+from app.domain.pulls import AckItem
+from app.services.acking import AckBatch, AckService
+from app.services.pulling import PullService
 from app.store.bridge import BridgeStore, DeliveryState
 from app.store.db import Database
 from app.store.jobs import JobStore, QueueStats
+from app.store.queue import Named, Queue
 from app.store.stakeholders import ConsumerStore, channels
-
-# The `pending` token of ack subjects (nats-py `num_pending`) is exact up to this many due
-# jobs; counting a deep backlog exactly on every claim would cost more than the claim.
 
 
 class Delivery(NamedTuple):
@@ -45,12 +44,6 @@ class ClaimBatch:
 class Lookup:
     channel_found: bool
     consumer: Consumer | None
-
-
-@dataclass(frozen=True, slots=True)
-class AckResult:
-    outcomes: list[AckOutcome]
-    dead: list[Job]  # jobs a NAK sent to the dead letters (retries used up)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +71,13 @@ def _numbered(
 
 
 class BridgeService:
-    def __init__(self, db: Database, delivery: DeliveryService, policy: RetryPolicy) -> None:
+    def __init__(
+        self, db: Database, queue: Queue, pulls: PullService, acks: AckService, policy: RetryPolicy
+    ) -> None:
         self._db = db
-        self._delivery = delivery
+        self._queue = queue
+        self._pulls = pulls
+        self._acks = acks
         self._policy = policy
 
     @property
@@ -88,7 +85,7 @@ class BridgeService:
         return self._policy
 
     def ack_wait(self, consumer: Consumer) -> int:
-        return self._delivery.ack_wait(consumer)
+        return self._pulls.ack_wait(consumer)
 
     async def lookup(self, channel_id: str, consumer_id: str) -> Lookup:
         async with self._db.transaction() as tx:
@@ -103,42 +100,20 @@ class BridgeService:
     async def claim(
         self, consumer: Consumer, limit: int, max_bytes: int | None = None
     ) -> ClaimBatch:
-        """Lease up to `limit` jobs with the shared claim statement and number the deliveries."""
-        if (
-            self._db.dialect == "postgresql"
-            and max_bytes is None
-            and consumer.max_ack_pending is None
-        ):
-            quick = await hotpath.claim(
-                self._db,
-                hotpath.Named(consumer.pk),
-                limit=limit,
-                default_ack_wait=self._delivery.ack_wait(consumer),
-                numbered=True,
-            )
-            if quick.jobs:
-                return _numbered(quick.jobs, quick.pending, None, quick.seqs)
-        async with self._db.transaction() as tx:
-            jobs = JobStore(tx)
-            claimed = await jobs.claim(
-                consumer.pk,
-                limit=limit,
-                ack_wait=self._delivery.ack_wait(consumer),
-                max_bytes=max_bytes,
-                max_ack_pending=consumer.max_ack_pending,
-            )
-            bridge = BridgeStore(tx)
-            due, next_due_at = await jobs.left_after_claim(
-                consumer.pk,
-                claimed=len(claimed),
-                limit=limit,
-                max_bytes=max_bytes,
-                max_ack_pending=consumer.max_ack_pending,
-            )
-            seqs = await bridge.next_delivery_seqs(len(claimed))
-            if claimed:
-                await bridge.record_delivery(consumer.pk, seqs[-1], max(c.job.id for c in claimed))
-        return _numbered([PulledJob.of(c) for c in claimed], due, next_due_at, seqs)
+        """Lease up to `limit` jobs with the shared claim statement, deliveries numbered."""
+        claimed = await self._queue.claim(
+            Named(consumer.pk),
+            limit=limit,
+            default_ack_wait=self._pulls.ack_wait(consumer),
+            max_bytes=max_bytes,
+            max_ack_pending=consumer.max_ack_pending,
+            numbered=True,
+        )
+        next_due_at = None
+        if not claimed.jobs and claimed.pending == 0:
+            async with self._db.transaction() as tx:
+                next_due_at = await JobStore(tx).next_due([consumer.pk])
+        return _numbered(claimed.jobs, claimed.pending, next_due_at, claimed.seqs)
 
     async def release(self, consumer: Consumer, targets: Sequence[tuple[int, int]]) -> None:
         """Give back claims nobody received (no retry counted); other pullers are woken."""
@@ -148,31 +123,8 @@ class BridgeService:
             if await BridgeStore(tx).release(consumer.pk, targets):
                 tx.announce([consumer.pk])
 
-    async def acks(self, consumer: Consumer, items: Sequence[AckItem]) -> AckResult:
-        """The shared ack statements; also reports which NAKs dead-lettered their job."""
-        acked = await self._delivery.plain_acks(hotpath.Named(consumer.pk), items)
-        rest = [item for item in items if item.id not in acked]
-        outcomes: list[AckOutcome] = []
-        dead: list[Job] = []
-        if rest:
-            async with self._db.transaction() as tx:
-                outcomes = await self._delivery.apply_acks(tx, consumer, rest)
-                naked = [
-                    o.id
-                    for o, item in zip(outcomes, rest, strict=True)
-                    if o.status == 202 and item.type is AckType.NAK
-                ]
-                if naked:
-                    dead = [
-                        j
-                        for j in await JobStore(tx).many(naked, consumer.pk)
-                        if j.status is JobStatus.DEAD
-                    ]
-        explained = iter(outcomes)
-        return AckResult(
-            [AckOutcome(item.id, 202) if item.id in acked else next(explained) for item in items],
-            dead,
-        )
+    async def acks(self, consumer: Consumer, items: Sequence[AckItem]) -> AckBatch:
+        return await self._acks.ack_for(consumer, items)
 
     async def snapshot(self, consumer: Consumer) -> ConsumerSnapshot:
         async with self._db.transaction() as tx:

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypedDict
 
-from app.domain.errors import InvalidInput, PayloadTooLarge
+from app.domain.errors import Conflict, InvalidInput, PayloadTooLarge
 from app.domain.models import Message
 from app.services.auth import publishing_producer
-from app.store import hotpath
 from app.store.db import Database
 from app.store.messages import MessageStore
+from app.store.queue import Queue
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 MAX_CONTENT_TYPE_LENGTH = 255
@@ -90,43 +90,47 @@ class PublishFields(TypedDict):
 
 
 class PublishingService:
-    def __init__(self, db: Database, max_message_size: int) -> None:
+    def __init__(self, db: Database, queue: Queue, max_message_size: int) -> None:
         self._db = db
+        self._queue = queue
         self._max_size = max_message_size
 
     async def publish(self, channel_id: str, request: Broadcast) -> Message:
+        """One statement stores the message and its jobs; when it stores nothing, read-only
+        checks say why, in the Go original's order (credentials first, then the body)."""
         try:
             fields = self._fields(request)
         except (InvalidInput, PayloadTooLarge):
-            fields = None  # credentials are checked first: the full transaction says which
-        if (
-            fields is not None
-            and self._db.dialect == "postgresql"
-            and request.channel_token is not None
-            and request.producer_id
-            and request.producer_token is not None
-        ):
-            quick = await hotpath.publish(
-                self._db,
-                channel_id=channel_id,
-                channel_token=request.channel_token,
-                producer_id=request.producer_id,
-                producer_token=request.producer_token,
-                **fields,
-            )
-            if quick is not None:
-                message, consumer_pks = quick
-                self._db.wake_here(consumer_pks)
-                return message
+            fields = None
+        if fields is not None and request.channel_token is not None and request.producer_id:
+            for _ in range(2):
+                published = await self._queue.publish(
+                    channel_id=channel_id,
+                    channel_token=request.channel_token,
+                    producer_id=request.producer_id,
+                    producer_token=request.producer_token or "",
+                    **fields,
+                )
+                if published is not None:
+                    return published.message
+                await self._explain(channel_id, request, fields["message_id"])
+            # Both refused, and nothing explains it: the credentials or the message id were
+            # changed by another request each time.
+            raise Conflict("the channel or producer changed while publishing; retry")
+        await self._explain(channel_id, request, None)
+        self._fields(request)  # raises: it failed above
+        raise AssertionError("unreachable")
+
+    async def _explain(self, channel_id: str, request: Broadcast, message_id: str | None) -> None:
+        """Raise why a publish stored nothing: credentials, or a repeated message id."""
         async with self._db.transaction() as tx:
-            producer_id = await publishing_producer(
+            await publishing_producer(
                 tx, channel_id, request.channel_token, request.producer_id, request.producer_token
             )
-            message, consumer_pks = await MessageStore(tx).publish(
-                channel_id=channel_id, producer_id=producer_id, **self._fields(request)
-            )
-            tx.announce(consumer_pks)
-        return message
+            if message_id is not None and await MessageStore(tx).get(channel_id, message_id):
+                raise Conflict(
+                    f"message {message_id!r} already exists in channel {channel_id!r}"
+                )
 
     def _fields(self, request: Broadcast) -> PublishFields:
         """The message as it will be stored; InvalidInput or PayloadTooLarge if it cannot be."""

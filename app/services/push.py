@@ -7,21 +7,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
-
 from app.domain.jobs import JobStatus, RetryPolicy
-from app.domain.models import ClaimedJob, Consumer, ConsumerType
+from app.domain.models import Consumer, PulledJob
 from app.store.db import Database
 from app.store.jobs import JobStore
-from app.store.schema import consumer as consumer_table
-from app.store.stakeholders import consumer_from_row
+from app.store.queue import Named, Queue
+from app.store.stakeholders import ConsumerStore
 
 
 @dataclass(frozen=True, slots=True)
 class PushJob:
     """A leased job with the consumer it must be POSTed to."""
 
-    claimed: ClaimedJob
+    job: PulledJob
     consumer: Consumer
 
 
@@ -32,39 +30,43 @@ class PushClaim:
 
 
 class PushService:
-    def __init__(self, db: Database, policy: RetryPolicy, lease_seconds: int) -> None:
+    def __init__(self, db: Database, queue: Queue, policy: RetryPolicy, lease_seconds: int) -> None:
         self._db = db
+        self._queue = queue
         self._policy = policy
         self._lease = lease_seconds
 
     async def claim(self, limit: int) -> PushClaim:
         """Lease up to `limit` due jobs across all push consumers, highest priority first."""
         async with self._db.transaction() as tx:
-            rows = await tx.conn.execute(
-                select(consumer_table).where(consumer_table.c.type == ConsumerType.PUSH.value)
-            )
-            consumers = {row.pk: consumer_from_row(row) for row in rows}
-            if not consumers:
-                return PushClaim([], None)
-            store = JobStore(tx)
-            claimed = await store.claim(list(consumers), limit=limit, ack_wait=self._lease)
-            next_due = None
-            if len(claimed) < limit:
-                next_due = await store.next_due(list(consumers))
-        jobs = [PushJob(c, consumers[c.job.consumer_pk]) for c in claimed]
+            consumers = {c.pk: c for c in await ConsumerStore(tx).push_consumers()}
+        if not consumers:
+            return PushClaim([], None)
+        claimed = await self._queue.claim(
+            Named.push(list(consumers)), limit=limit, default_ack_wait=self._lease
+        )
+        next_due = None
+        if len(claimed.jobs) < limit:
+            async with self._db.transaction() as tx:
+                next_due = await JobStore(tx).next_due(list(consumers))
+        jobs = [
+            PushJob(job, consumers[job.consumer_pk])
+            for job in claimed.jobs
+            if job.consumer_pk in consumers
+        ]
         return PushClaim(jobs, next_due)
 
     async def delivered(self, jobs: Sequence[PushJob]) -> int:
         """Record 2xx answers, one transaction for all; returns how many jobs moved. A job
         whose lease was lost meanwhile (swept, now another delivery's) is left alone."""
-        targets: defaultdict[int, list[tuple[int, int | None]]] = defaultdict(list)
+        targets: defaultdict[Consumer, list[tuple[int, int | None]]] = defaultdict(list)
         for job in jobs:
-            targets[job.consumer.pk].append((job.claimed.job.id, job.claimed.job.attempt))
+            targets[job.consumer].append((job.job.id, job.job.attempt))
         moved = 0
         async with self._db.transaction() as tx:
-            store = JobStore(tx)
-            for consumer_pk, pairs in targets.items():
-                moved += len(await store.complete(consumer_pk, pairs, JobStatus.DELIVERED))
+            for consumer, pairs in targets.items():
+                named = Named(consumer.pk, type=consumer.type)
+                moved += len(await self._queue.ack(named, pairs, tx))
         return moved
 
     async def failed(self, job: PushJob, error: str) -> JobStatus | None:
@@ -72,7 +74,7 @@ class PushService:
         async with self._db.transaction() as tx:
             moved = await JobStore(tx).fail(
                 job.consumer.pk,
-                [(job.claimed.job.id, job.claimed.job.attempt)],
+                [(job.job.id, job.job.attempt)],
                 self._policy,
                 reason=f"delivery failed after the last retry: {error}",
                 last_error=error,

@@ -25,6 +25,9 @@ class Waker(Protocol):
 
     def wake(self, consumer_pks: Iterable[int]) -> None: ...
 
+    def wake_all(self) -> None:
+        """After a lost listener connection: notifications may have been missed."""
+
 
 class Tx:
     """One open transaction, plus the consumers whose queues it changed."""
@@ -75,6 +78,21 @@ class Database:
         """Wake this process's waiters now (NOTIFY reaches the others, and this one later)."""
         if self.waker is not None:
             self.waker.wake(consumer_pks)
+
+    async def run(
+        self, sql: str, params: dict[str, Any], tx: Tx | None = None
+    ) -> list[tuple[Any, ...]]:
+        """A PostgreSQL statement text (%(name)s placeholders), the same text either way:
+        alone, or inside `tx` on that transaction's own driver connection."""
+        if tx is None:
+            return await self.run_alone(sql, params)
+        with refused_values():
+            raw = await tx.conn.get_raw_connection()
+            driver = raw.driver_connection
+            assert driver is not None
+            async with driver.cursor() as cursor:
+                await cursor.execute(sql, params, binary=True)
+                return await cursor.fetchall() if cursor.description is not None else []
 
     async def run_alone(
         self, sql: str, params: dict[str, Any], *, prepare: bool | None = None

@@ -35,7 +35,7 @@ from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ClaimedJob, Cursor, Job, Message, Page
 from app.store.db import Tx, now, plus_seconds
-from app.store.messages import message_from_mapping, message_from_row
+from app.store.messages import message_from_row
 from app.store.pagination import decode_cursor, encode_cursor
 from app.store.schema import consumer, job, message
 
@@ -121,49 +121,39 @@ class JobStore:
 
     # -- claim ---------------------------------------------------------------------------------
 
-    async def claim(
+    async def claim_sqlite(
         self,
-        consumer_pk: int | Sequence[int],
+        consumer_pks: Sequence[int],
         *,
         limit: int,
         ack_wait: int,
-        incremental_timeout: int = 0,
-        max_bytes: int | None = None,
-        max_ack_pending: int | None = None,
-    ) -> list[ClaimedJob]:
-        """Lease up to `limit` due jobs, highest priority first, oldest first within a priority."""
-        if max_ack_pending is not None:
-            assert isinstance(consumer_pk, int)
-            limit = min(limit, max_ack_pending - await self._inflight_locked(consumer_pk))
-        if limit <= 0:
-            return []
-        due = (
-            select(job.c.id, job.c.payload_size)
-            .where(
-                # Several consumers at once is the push dispatcher's case.
-                job.c.consumer_pk == consumer_pk
-                if isinstance(consumer_pk, int)
-                else job.c.consumer_pk.in_(consumer_pk),
-                status_is(QUEUED),
-                job.c.earliest_next_attempt_at <= self._now,
+        incremental_timeout: int,
+        max_bytes: int | None,
+    ) -> tuple[int, list[ClaimedJob]]:
+        """SQLite's claim (PostgreSQL's is app/store/queue.py's text): how many jobs were due up
+        to `limit`, and the leased ones, highest priority first, oldest first within one."""
+        due_rows = (
+            await self._tx.conn.execute(
+                select(job.c.id, job.c.payload_size)
+                .where(
+                    job.c.consumer_pk.in_(consumer_pks),
+                    status_is(QUEUED),
+                    job.c.earliest_next_attempt_at <= self._now,
+                )
+                .order_by(job.c.priority.desc(), job.c.id)
+                .limit(limit)
             )
-            .order_by(job.c.priority.desc(), job.c.id)
-            .limit(limit)
-            # SKIP LOCKED: concurrent pullers of one consumer take disjoint rows, never block.
-            .with_for_update(skip_locked=True)
+        ).all()
+        ids = (
+            [row.id for row in due_rows]
+            if max_bytes is None
+            else _within_bytes(due_rows, max_bytes)
         )
-        if max_bytes is None:
-            chosen: ColumnElement[Any] = job.c.id.in_(
-                due.with_only_columns(job.c.id).scalar_subquery()
-            )
-        else:
-            ids = _within_bytes((await self._tx.conn.execute(due)).all(), max_bytes)
-            if not ids:
-                return []
-            chosen = job.c.id.in_(ids)
+        if not ids:
+            return len(due_rows), []
         claim_jobs = (
             update(job)
-            .where(chosen, status_is(QUEUED))
+            .where(job.c.id.in_(ids), status_is(QUEUED))
             .values(
                 status=INFLIGHT,
                 attempt=job.c.attempt + 1,
@@ -174,33 +164,12 @@ class JobStore:
             )
             .returning(*job.c)
         )
-        if self._tx.dialect == "postgresql":
-            return await self._claim_with_messages(claim_jobs)
         jobs = [job_from_row(row) for row in await self._tx.conn.execute(claim_jobs)]
         jobs.sort(key=lambda j: (-j.priority, j.id))
         messages = await self._messages({j.message_pk for j in jobs})
-        return [ClaimedJob(j, messages[j.message_pk]) for j in jobs]
+        return len(due_rows), [ClaimedJob(j, messages[j.message_pk]) for j in jobs]
 
-    async def _claim_with_messages(self, claim_jobs: Any) -> list[ClaimedJob]:
-        """PostgreSQL: the claim UPDATE and the read of its messages in one round trip."""
-        claimed = claim_jobs.cte("claimed")
-        query = (
-            select(claimed, *(column.label(f"m_{column.name}") for column in message.c))
-            .join(message, message.c.pk == claimed.c.message_pk)
-            .order_by(claimed.c.priority.desc(), claimed.c.id)
-        )
-        result = []
-        for row in await self._tx.conn.execute(query):
-            fields = row._mapping
-            result.append(
-                ClaimedJob(
-                    job_from_row(row),
-                    message_from_mapping({c.name: fields[f"m_{c.name}"] for c in message.c}),
-                )
-            )
-        return result
-
-    async def _inflight_locked(self, consumer_pk: int) -> int:
+    async def inflight_locked(self, consumer_pk: int) -> int:
         """In-flight count under the consumer row's lock, so max-ack-pending holds under races.
 
         FOR NO KEY UPDATE (key_share): claims of one consumer queue up behind each other, but
@@ -228,27 +197,6 @@ class JobStore:
         )
         value: datetime | None = (await self._tx.conn.execute(query)).scalar_one()
         return value
-
-    async def left_after_claim(
-        self,
-        consumer_pk: int,
-        *,
-        claimed: int,
-        limit: int,
-        max_bytes: int | None,
-        max_ack_pending: int | None,
-    ) -> tuple[int, datetime | None]:
-        """After a claim: due jobs left (up to PENDING_COUNT_CAP), and, when nothing was
-        claimed and nothing is due, when the next job falls due."""
-        if claimed < limit and max_bytes is None and max_ack_pending is None:
-            # A short batch with no other limit left nothing due unclaimed (rows skipped as
-            # locked belong to concurrent claims).
-            pending = 0
-        else:
-            pending = await self.due_count(consumer_pk, PENDING_COUNT_CAP)
-        if claimed or pending:
-            return pending, None
-        return 0, await self.next_due([consumer_pk])
 
     async def due_count(self, consumer_pk: int, cap: int) -> int:
         """Due queued jobs of the consumer, counted up to `cap`.

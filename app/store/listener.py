@@ -8,8 +8,7 @@ import logging
 
 import psycopg
 
-from app.store.db import NOTIFY_CHANNEL
-from app.store.signals import Signals
+from app.store.db import NOTIFY_CHANNEL, Waker
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +22,7 @@ def libpq_url(connection_url: str) -> str:
 class NotifyListener:
     """Holds one autocommit connection LISTENing on the jobs channel; reconnects on failure."""
 
-    def __init__(self, connection_url: str, signals: Signals) -> None:
+    def __init__(self, connection_url: str, signals: Waker) -> None:
         self._url = libpq_url(connection_url)
         self._signals = signals
         self.ready = asyncio.Event()

@@ -150,6 +150,12 @@ class ConsumerStore:
         )
         return [consumer_from_row(row) for row in rows]
 
+    async def push_consumers(self) -> list[Consumer]:
+        rows = await self._tx.conn.execute(
+            select(consumer).where(consumer.c.type == ConsumerType.PUSH.value)
+        )
+        return [consumer_from_row(row) for row in rows]
+
     async def list(self, channel_id: str, cursor: Cursor, limit: int) -> Page[Consumer]:
         base = select(consumer).where(consumer.c.channel_id == channel_id)
         rows = (

@@ -27,9 +27,10 @@ MAX_RETRY = 4
 
 # One pull consumer `workers` on channel `orders` (the conformance subject), a push consumer on
 # another channel, a short ack wait, a 1 s sweep and a 1 s backoff so leases lapse quickly.
-SEED = f"""
+# `{cap}` is the consumer's max-ack-pending line, or nothing (see CAPS).
+SEED_TEMPLATE = """
 [broker]
-max-retry={MAX_RETRY}
+max-retry={max_retry}
 rational-delay-in-seconds=1
 retry-backoff-delays-in-seconds=1
 [initial-channels]
@@ -49,12 +50,43 @@ mailer=http://127.0.0.1:9/hook
 token=workers-token
 channel=orders
 type=pull
-ack-wait={ACK_WAIT}
-max-ack-pending=1000
-[mailer]
+ack-wait={ack_wait}
+{cap}[mailer]
 token=mailer-token
 channel=hooks
 """
+
+# The consumer's cap, the variants every bridge test that seeds `workers` and claims runs in:
+# - `uncapped`: no max-ack-pending, what production consumers use. On PostgreSQL a claim is then
+#   the one-statement claim of app/store/queue.py (BridgeService.claim's fast path).
+# - `capped`: max-ack-pending=1000 (JetStream's default), so every claim is the full transaction
+#   of app/store/jobs.py that counts the consumer's in-flight jobs under a lock.
+# The real JetStream consumer a test compares with gets the same limit where the comparison
+# sees it: MAX_ACK_PENDING[cap] (-1, JetStream's "no limit", is also what the bridge reports).
+#
+# Tests that never claim a job, or whose subject does not depend on how jobs are claimed, run
+# in the uncapped variant only (`@uncapped_only`), to keep the suite's time from doubling:
+# - test_store: the delivery sequence, the migration check (no claim at all);
+# - test_wire: API errors, CREATE and push consumers, max_waiting, a consumer deleted under
+#   waiting requests (no job is ever queued: requests wait, are refused or are ended);
+# - test_behaviour: the CLI process (its life cycle and SIGTERM) and the user/password
+#   connections (authentication), each handing out one job.
+# test_protocol and test_order are pure (no database, no consumer) and take no variant.
+CAPS: dict[str, int | None] = {"uncapped": None, "capped": 1000}
+MAX_ACK_PENDING: dict[str, int] = {name: -1 if cap is None else cap for name, cap in CAPS.items()}
+
+
+def seed(cap: str = "uncapped", *, ack_wait: int = ACK_WAIT) -> str:
+    """The seed config with consumer `workers` in variant `cap` and the given ack wait."""
+    limit = CAPS[cap]
+    return SEED_TEMPLATE.format(
+        max_retry=MAX_RETRY,
+        ack_wait=ack_wait,
+        cap="" if limit is None else f"max-ack-pending={limit}\n",
+    )
+
+
+uncapped_only = pytest.mark.parametrize("cap", ["uncapped"])
 
 
 def nats_server_binary() -> str:
@@ -164,9 +196,15 @@ def backend() -> str:
     return "postgresql"
 
 
+@pytest.fixture(params=list(CAPS))
+def cap(request: pytest.FixtureRequest) -> str:
+    """The consumer's cap (see CAPS); tests pinned to one variant parametrize `cap` directly."""
+    return str(request.param)
+
+
 @pytest.fixture
-def extra_config() -> str:
-    return SEED
+def extra_config(cap: str) -> str:
+    return seed(cap)
 
 
 def nats_config(server: NatsServer, mode: str, **overrides: str) -> NatsConfig:

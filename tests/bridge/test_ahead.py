@@ -16,7 +16,7 @@ from sqlalchemy import text
 from app.bridge import engine
 from app.bridge.bridge import Bridge
 from app.runtime import Runtime
-from tests.bridge.conftest import SEED, BridgeFactory, NatsServer, eventually
+from tests.bridge.conftest import BridgeFactory, NatsServer, eventually, seed
 from tests.helpers_pull import bulk_publish
 
 REQUESTS = 5
@@ -25,8 +25,8 @@ QUEUED = 60
 
 
 @pytest.fixture
-def extra_config() -> str:
-    return SEED.replace("ack-wait=2", "ack-wait=120") + f"\n[pull]\nmax-batch={BATCH}\n"
+def extra_config(cap: str) -> str:
+    return seed(cap, ack_wait=120) + f"\n[pull]\nmax-batch={BATCH}\n"
 
 
 @pytest.mark.parametrize("mode", ["client", "hybrid"])

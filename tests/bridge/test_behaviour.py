@@ -27,11 +27,13 @@ from app.runtime import Runtime
 from app.store.jobs import JobStore
 from tests.bridge.conftest import (
     ACK_WAIT,
+    MAX_ACK_PENDING,
     MAX_RETRY,
     BridgeFactory,
     NatsServer,
     eventually,
     publish_http,
+    uncapped_only,
 )
 
 Publish = Callable[[list[str]], Awaitable[None]]
@@ -83,6 +85,7 @@ def shape(seen: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str, int, i
 
 
 async def test_max_deliveries_end_dead_with_advisories(
+    cap: str,
     jetstream_server: NatsServer,
     hub: NatsServer,
     make_bridge: BridgeFactory,
@@ -102,6 +105,7 @@ async def test_max_deliveries_end_dead_with_advisories(
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=ACK_WAIT,
             max_deliver=MAX_RETRY + 1,
+            max_ack_pending=MAX_ACK_PENDING[cap],
         ),
     )
 
@@ -283,6 +287,7 @@ async def test_nats_server_restart_loses_and_duplicates_nothing(
     assert [(j.status, j.attempt) for j in jobs if j] == [(JobStatus.DELIVERED, 1)] * 2
 
 
+@uncapped_only
 async def test_cli_bridge_process(
     hub: NatsServer, config: Config, client: httpx.AsyncClient, runtime: Runtime
 ) -> None:
@@ -339,6 +344,7 @@ async def test_cli_bridge_process(
     assert job is not None and job.status is JobStatus.DELIVERED
 
 
+@uncapped_only
 async def test_credentials_for_both_connections(
     make_bridge: BridgeFactory, client: httpx.AsyncClient, runtime: Runtime
 ) -> None:

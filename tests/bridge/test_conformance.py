@@ -3,9 +3,10 @@ the observable results must be the same.
 
 The JetStream side: nats-server 2.15.1 with JetStream, stream `orders` (subject `orders`) and a
 durable pull consumer `workers` configured like the broker's seeded consumer (ack wait 2 s,
-max deliver = max-retry + 1, max ack pending 1000). The bridge side: the broker holding the same
-messages (published over HTTP, so waiting pulls are woken by PostgreSQL NOTIFY), the requeue
-sweeper running, and a bridge on a JetStream-less server.
+max deliver = max-retry + 1, and the max ack pending of the consumer's variant, which
+consumer_info reports: no limit when uncapped, 1000 when capped). The bridge side: the broker
+holding the same messages (published over HTTP, so waiting pulls are woken by PostgreSQL
+NOTIFY), the requeue sweeper running, and a bridge on a JetStream-less server.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from app.runtime import Runtime
 from app.store.jobs import JobStore
 from tests.bridge.conftest import (
     ACK_WAIT,
+    MAX_ACK_PENDING,
     MAX_RETRY,
     BridgeFactory,
     NatsServer,
@@ -208,7 +210,7 @@ async def scenario(url: str, publish: Publish) -> Run:
     return run
 
 
-async def jetstream_run(server: NatsServer) -> Run:
+async def jetstream_run(server: NatsServer, cap: str) -> Run:
     nc = await nats.connect(server.url)
     js = nc.jetstream()
     with contextlib.suppress(NotFoundError):
@@ -221,7 +223,7 @@ async def jetstream_run(server: NatsServer) -> Run:
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=ACK_WAIT,
             max_deliver=MAX_RETRY + 1,
-            max_ack_pending=1000,
+            max_ack_pending=MAX_ACK_PENDING[cap],
             max_waiting=512,
             filter_subject="orders",
         ),
@@ -245,11 +247,11 @@ async def jetstream_run(server: NatsServer) -> Run:
 _reference: dict[str, Run] = {}
 
 
-async def reference(server: NatsServer) -> Run:
-    """The JetStream run, done once per session and shared by both transport tests."""
-    if "run" not in _reference:
-        _reference["run"] = await jetstream_run(server)
-    return _reference["run"]
+async def reference(server: NatsServer, cap: str) -> Run:
+    """The JetStream run, done once per session and variant and shared by both transports."""
+    if cap not in _reference:
+        _reference[cap] = await jetstream_run(server, cap)
+    return _reference[cap]
 
 
 def assert_same(expected: Run, actual: Run, *, metadata: bool) -> None:
@@ -276,6 +278,7 @@ def assert_same(expected: Run, actual: Run, *, metadata: bool) -> None:
 
 @pytest.mark.parametrize("mode", ["client", "hybrid"])
 async def test_conformance(
+    cap: str,
     mode: str,
     jetstream_server: NatsServer,
     hub: NatsServer,
@@ -283,7 +286,7 @@ async def test_conformance(
     client: httpx.AsyncClient,
     runtime: Runtime,
 ) -> None:
-    expected = await reference(jetstream_server)
+    expected = await reference(jetstream_server, cap)
     # Sanity of the reference itself, so a broken scenario cannot pass by matching nothing.
     assert expected.results["fetch1"]["reply"] == ("orders", "workers", 1, 1, 1, 3)
     assert [m["data"] for m in expected.results["fetch5_of_3"]] == ["m2", "m3", "m4"]
@@ -293,6 +296,7 @@ async def test_conformance(
     assert expected.results["lapsed"]["reply"][2] == 2
     assert expected.results["after_term"] == "TimeoutError"
     assert len(expected.metadata) > 5
+    assert expected.results["consumer_info"]["max_ack_pending"] == MAX_ACK_PENDING[cap]
 
     await make_bridge(mode)
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from app.runtime import Runtime
-from tests.bridge.conftest import SEED, BridgeFactory, NatsServer, eventually
+from tests.bridge.conftest import BridgeFactory, NatsServer, eventually, seed
 from tests.helpers_pull import bulk_publish
 
 JOBS = 5000
@@ -19,9 +19,9 @@ WORKERS = 8
 
 
 @pytest.fixture
-def extra_config() -> str:
+def extra_config(cap: str) -> str:
     # A long ack wait: a redelivery here could only mean a lost or late ack.
-    return SEED.replace("ack-wait=2", "ack-wait=120")
+    return seed(cap, ack_wait=120)
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "client"])

@@ -12,27 +12,27 @@ from sqlalchemy import update
 
 from app.config import ConfigError, NatsConfig, load_config_text
 from app.domain.jobs import AckType, JobStatus
+from app.domain.pulls import AckItem, AckResult
 from app.runtime import Runtime
 from app.services.bridge import BridgeService
-from app.services.delivery import AckItem
 from app.services.publishing import Broadcast
 from app.store.bridge import BridgeStore
 from app.store.jobs import JobStore
 from app.store.migrate import alembic_config
 from app.store.schema import job
-from tests.bridge.conftest import SEED
+from tests.bridge.conftest import CAPS, seed, uncapped_only
 from tests.conftest import fresh_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-async def both(request: pytest.FixtureRequest) -> AsyncIterator[Runtime]:
-    """A seeded runtime on a fresh database of each kind."""
+async def both(request: pytest.FixtureRequest, cap: str) -> AsyncIterator[Runtime]:
+    """A seeded runtime on a fresh database of each kind, `workers` in variant `cap`."""
     if request.param == "postgresql":
         request.getfixturevalue("pg_template")
         rdbms = fresh_database("postgresql", request.getfixturevalue("pg_base_url"), None)
     else:
         rdbms = fresh_database("sqlite", None, request.getfixturevalue("sqlite_template"))
-    runtime = Runtime(load_config_text(rdbms + SEED))
+    runtime = Runtime(load_config_text(rdbms + seed(cap)))
     await runtime.start()
     try:
         yield runtime
@@ -58,6 +58,7 @@ async def publish(runtime: Runtime, count: int) -> None:
         )
 
 
+@uncapped_only
 async def test_delivery_sequence_is_shared_and_gapless_per_call(both: Runtime) -> None:
     async def take(count: int) -> list[int]:
         async with both.db.transaction() as tx:
@@ -73,10 +74,12 @@ async def test_delivery_sequence_is_shared_and_gapless_per_call(both: Runtime) -
     assert all(batch == sorted(batch) for batch in batches)
 
 
-async def test_claim_release_and_state(both: Runtime) -> None:
-    service = BridgeService(both.db, both.delivery, both.config.broker.retry_policy)
+async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
+    service = BridgeService(
+        both.db, both.queue, both.pulls, both.acks, both.config.broker.retry_policy
+    )
     consumer = (await service.lookup("orders", "workers")).consumer
-    assert consumer is not None
+    assert consumer is not None and consumer.max_ack_pending == CAPS[cap]
     await publish(both, 3)
     batch = await service.claim(consumer, 2)
     assert [d.job.id for d in batch.deliveries] == [1, 2]
@@ -96,7 +99,7 @@ async def test_claim_release_and_state(both: Runtime) -> None:
         0,
     )
     result = await service.acks(consumer, [AckItem(1, AckType.ACK, attempt=1)])
-    assert [o.status for o in result.outcomes] == [202]
+    assert [o.result for o in result.outcomes] == [AckResult.DONE]
     snapshot = await service.snapshot(consumer)
     assert snapshot.state.last_delivery_seq == 2 and snapshot.state.last_stream_seq == 2
     assert snapshot.state.outstanding == 0  # job 2 was given back, job 1 acked
@@ -113,10 +116,11 @@ async def test_claim_release_and_state(both: Runtime) -> None:
             [again] = (await service.claim(consumer, 1)).deliveries
             assert again.job.id == 2
         result = await service.acks(consumer, [AckItem(2, AckType.NAK, attempt=attempt, delay=60)])
-        assert [o.status for o in result.outcomes] == [202]
+        assert [o.result for o in result.outcomes] == [AckResult.DONE]
     assert [j.id for j in result.dead] == [2]
 
 
+@uncapped_only
 async def test_migration_has_no_drift(both: Runtime) -> None:
     """`alembic check`: the schema module and the migrations (0002_bridge included) agree."""
     await asyncio.to_thread(command.check, alembic_config(both.config.database))

@@ -6,9 +6,9 @@ import asyncio
 import threading
 
 from app.config import Config
-from app.domain.jobs import JobStatus
 from app.store.db import Database
 from app.store.jobs import JobStore
+from app.store.queue import Named, Queue
 
 
 async def _requeue(
@@ -48,12 +48,10 @@ def requeue_dead_slowly(
 async def _deliver(config: Config, consumer_pk: int, job_id: int) -> None:
     db = Database.from_config(config.database)
     try:
-        async with db.transaction() as tx:
-            claimed = await JobStore(tx).claim(consumer_pk, limit=50, ack_wait=30)
-            assert job_id in {c.job.id for c in claimed}
-        async with db.transaction() as tx:
-            done = await JobStore(tx).complete(consumer_pk, [(job_id, None)], JobStatus.DELIVERED)
-            assert [j.id for j in done] == [job_id]
+        queue = Queue(db)
+        claimed = await queue.claim(Named(consumer_pk), limit=50, default_ack_wait=30)
+        assert job_id in {j.id for j in claimed.jobs}
+        assert await queue.ack(Named(consumer_pk), [(job_id, None)]) == {job_id}
     finally:
         await db.dispose()
 

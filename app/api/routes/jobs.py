@@ -10,7 +10,7 @@ from app.api.deps import CredentialsDep, CursorDep, RuntimeDep
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, parse_next_state
-from app.services.delivery import ConsumerCredentials
+from app.domain.pulls import ConsumerCredentials
 
 router = APIRouter(tags=["pull (seed spec)"])
 
@@ -39,7 +39,7 @@ async def queued_jobs(
     creds: CredentialsDep, rt: RuntimeDep, cursor: CursorDep, limit: str | None = None
 ) -> JSONResponse:
     size = parse_limit(limit)
-    page = await rt.delivery.queued_jobs(creds, size, cursor)
+    page = await rt.seed_jobs.queued_jobs(creds, size, cursor)
     pages = {}
     if page.next_cursor:
         pages["next"] = f"{_base(creds)}/queued-jobs?limit={size}&next={page.next_cursor}"
@@ -59,14 +59,14 @@ async def set_job_state(
             return target, None
         return target, whole_number(raw, "IncrementalTimeout", maximum=MAX_INT32)
 
-    target, timeout = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
-    await rt.delivery.set_state(creds, job_id, target, timeout)
+    target, timeout = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    await rt.seed_jobs.set_state(creds, job_id, target, timeout)
     return Response(status_code=202)
 
 
 @router.get("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}")
 async def get_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
-    claimed = await rt.delivery.get_job(creds, job_id)
+    claimed = await rt.seed_jobs.get_job(creds, job_id)
     base = _base(creds)
     body = views.job_state(claimed.job)
     body["Message"] = views.job_message(claimed.message)
@@ -83,13 +83,13 @@ async def get_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> JSONRes
     "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/requeue-dead-job", status_code=202
 )
 async def requeue_dead_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> Response:
-    await rt.delivery.requeue_dead_job(creds, job_id)
+    await rt.seed_jobs.requeue_dead_job(creds, job_id)
     return Response(status_code=202)
 
 
 @router.delete("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}", status_code=204)
 async def delete_dead_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> Response:
-    await rt.delivery.delete_dead_job(creds, job_id)
+    await rt.seed_jobs.delete_dead_job(creds, job_id)
     return Response(status_code=204)
 
 
@@ -98,7 +98,7 @@ async def dead_letters(
     creds: CredentialsDep, rt: RuntimeDep, cursor: CursorDep, limit: str | None = None
 ) -> JSONResponse:
     size = parse_limit(limit)
-    page = await rt.delivery.dead_jobs(creds, cursor, size)
+    page = await rt.seed_jobs.dead_jobs(creds, cursor, size)
     base = _base(creds)
     pages = {"next": f"{base}/dlq?limit={size}&next={page.next_cursor}"} if page.next_cursor else {}
     dead = [
@@ -114,5 +114,5 @@ async def dead_letters(
 
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/dlq", status_code=202)
 async def requeue_all_dead(creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
-    count = await rt.delivery.requeue_all_dead(creds)
+    count = await rt.seed_jobs.requeue_all_dead(creds)
     return JSONResponse({"Requeued": count}, status_code=202)

@@ -20,7 +20,7 @@ from app.api.deps import CredentialsDep, RuntimeDep
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
-from app.services.delivery import AckItem, PullRequest
+from app.domain.pulls import AckItem, AckResult, PullRequest
 
 router = APIRouter(tags=["pull"])
 
@@ -77,6 +77,17 @@ def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
     )
 
 
+# What became of each ack in a batch, as the status a single ack would answer with.
+ACK_STATUS = {
+    AckResult.DONE: 202,
+    AckResult.EXTENDED: 200,
+    AckResult.UNKNOWN_JOB: 404,
+    AckResult.NOT_INFLIGHT: 409,
+    AckResult.STALE_ATTEMPT: 409,
+    AckResult.REPEATED: 409,
+}
+
+
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/pull")
 async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
 
@@ -84,8 +95,8 @@ async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONR
         body = await json_object(request, empty_ok=True)
         return parse_pull(body, rt.config.pull.max_expires_seconds)
 
-    pull_request = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
-    result = await rt.delivery.pull(creds, pull_request)
+    pull_request = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    result = await rt.pulls.pull(creds, pull_request)
     return JSONResponse(
         {"Jobs": [views.pulled_job(j) for j in result.jobs], "Pending": result.pending}
     )
@@ -97,8 +108,8 @@ async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Reque
     async def parse() -> AckItem:
         return parse_ack(await json_object(request, empty_ok=True), job_id=0)
 
-    item = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
-    outcome = await rt.delivery.ack(creds, job_id, item)
+    item = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    outcome = await rt.acks.ack(creds, job_id, item)
     if item.type is AckType.PROGRESS:
         return JSONResponse({"LeaseExpiresAt": views.iso(outcome.lease_expires_at)})
     return Response(status_code=202)
@@ -113,17 +124,19 @@ async def ack_many(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> J
             raise InvalidInput("acks must be a list of objects")
         return [parse_ack(a) for a in acks]
 
-    items = await body_after_credentials(parse, lambda: rt.delivery.authenticate(creds))
-    outcomes = await rt.delivery.ack_many(creds, items)
+    items = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    outcomes = await rt.acks.ack_many(creds, items)
     return JSONResponse(
         {
             "Results": [
                 {
                     "id": o.id,
-                    "status": o.status,
+                    "status": ACK_STATUS[o.result],
                     "detail": o.detail,
                     **(
-                        {"LeaseExpiresAt": views.iso(o.lease_expires_at)} if o.status == 200 else {}
+                        {"LeaseExpiresAt": views.iso(o.lease_expires_at)}
+                        if o.result is AckResult.EXTENDED
+                        else {}
                     ),
                 }
                 for o in outcomes

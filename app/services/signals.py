@@ -14,7 +14,7 @@ ANY_CONSUMER = -1
 class Signals:
     """Fan-out of "this consumer's queue changed" to every local waiter.
 
-    On SQLite the services call wake() after their commit; on PostgreSQL the NOTIFY listener
+    On SQLite the database wakes them after a commit; on PostgreSQL the NOTIFY listener
     does, so waiters in every process hear about jobs published by any process.
     """
 

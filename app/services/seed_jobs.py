@@ -1,0 +1,127 @@
+"""The Go webhook-broker's pull API (its pull consumer spec): list queued jobs, move one job
+through the states the spec allows, and the dead-letter queue."""
+
+from __future__ import annotations
+
+from app.domain.errors import Conflict, InvalidInput, NotFound
+from app.domain.jobs import JobStatus, check_seed_transition
+from app.domain.models import ClaimedJob, Consumer, Cursor, Job, Page
+from app.domain.pulls import ConsumerCredentials, parse_job_id
+from app.services.acking import announce_capacity
+from app.services.auth import pull_consumer
+from app.store.db import Database, Tx
+from app.store.jobs import JobStore
+from app.store.queue import Named, Queue
+
+
+class SeedJobService:
+    def __init__(self, db: Database, queue: Queue, default_ack_wait: int) -> None:
+        self._db = db
+        self._queue = queue
+        self._default_ack_wait = default_ack_wait
+
+    async def _consumer(
+        self, tx: Tx, creds: ConsumerCredentials, *, any_type: bool = False
+    ) -> Consumer:
+        # Job reads and the dead-letter queue serve push consumers too.
+        return await pull_consumer(
+            tx,
+            creds.channel_id,
+            creds.channel_token,
+            creds.consumer_id,
+            creds.consumer_token,
+            require_pull=not any_type,
+        )
+
+    async def queued_jobs(
+        self, creds: ConsumerCredentials, limit: int, cursor: Cursor
+    ) -> Page[ClaimedJob]:
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds)
+            if limit == 0:
+                return Page([])
+            return await JobStore(tx).queued(consumer.pk, cursor, limit)
+
+    async def set_state(
+        self,
+        creds: ConsumerCredentials,
+        job_id: str,
+        target: JobStatus,
+        incremental_timeout: int | None,
+    ) -> None:
+        """Move a job as the seed spec allows; already in `target` changes nothing."""
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds)
+            store = JobStore(tx)
+            current = await store.get(parse_job_id(job_id), consumer.pk)
+            if current is None:
+                raise NotFound(f"job {job_id!r} not found for this consumer")
+            if not check_seed_transition(current.status, target, incremental_timeout):
+                return
+            targets = [(current.id, current.attempt)]
+            if target is JobStatus.INFLIGHT:
+                moved = await store.start(
+                    current.id,
+                    consumer.pk,
+                    current.status,
+                    ack_wait=consumer.ack_wait_seconds or self._default_ack_wait,
+                    incremental_timeout=incremental_timeout or 0,
+                )
+                changed = moved is not None
+            elif target is JobStatus.DELIVERED:
+                changed = bool(await self._queue.ack(Named(consumer.pk), targets, tx))
+            else:
+                changed = bool(
+                    await store.complete(
+                        consumer.pk, targets, JobStatus.DEAD, "marked dead by the consumer"
+                    )
+                )
+            if not changed:
+                raise Conflict(f"job {job_id} changed state concurrently; read it and retry")
+            announce_capacity(tx, consumer)
+
+    async def get_job(self, creds: ConsumerCredentials, job_id: str) -> ClaimedJob:
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds, any_type=True)
+            found = await JobStore(tx).get_with_message(parse_job_id(job_id), consumer.pk)
+        if found is None:
+            raise NotFound(f"job {job_id!r} not found for this consumer")
+        return found
+
+    async def requeue_dead_job(self, creds: ConsumerCredentials, job_id: str) -> None:
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds, any_type=True)
+            store = JobStore(tx)
+            jid = parse_job_id(job_id)
+            if not await store.requeue_dead(consumer.pk, jid):
+                await _explain_not_dead(store, consumer, jid, "only DEAD jobs are requeued")
+            tx.announce([consumer.pk])
+
+    async def dead_jobs(self, creds: ConsumerCredentials, cursor: Cursor, limit: int) -> Page[Job]:
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds, any_type=True)
+            return await JobStore(tx).dead(consumer.pk, cursor, limit)
+
+    async def requeue_all_dead(self, creds: ConsumerCredentials) -> int:
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds, any_type=True)
+            requeued = await JobStore(tx).requeue_dead(consumer.pk)
+            if requeued:
+                tx.announce([consumer.pk])
+            return len(requeued)
+
+    async def delete_dead_job(self, creds: ConsumerCredentials, job_id: str) -> None:
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds, any_type=True)
+            store = JobStore(tx)
+            jid = parse_job_id(job_id)
+            if not await store.delete_dead(consumer.pk, jid):
+                await _explain_not_dead(store, consumer, jid, "only DEAD jobs are deleted")
+
+
+async def _explain_not_dead(store: JobStore, consumer: Consumer, job_id: int, rule: str) -> None:
+    """Why a dead-letter operation changed nothing: no such job (404) or not DEAD (400)."""
+    current = await store.get(job_id, consumer.pk)
+    if current is None:
+        raise NotFound(f"job {job_id} not found for this consumer")
+    raise InvalidInput(f"job {job_id} is {current.status}; {rule}")

@@ -1,0 +1,584 @@
+"""The queue's contended statements, each written once per dialect: publish with fan-out,
+claim (pull, push and the NATS bridge's numbered claim), and ack (INFLIGHT -> DELIVERED).
+
+`Queue` is the one entry to them; the services never choose between copies.
+
+- PostgreSQL: one text per statement, below. `Database.run` executes it either alone
+  (autocommit, one round trip, prepared) or inside a transaction when the use case needs more
+  (a max-ack-pending consumer locks its row and counts its in-flight jobs first): the same
+  text either way. Credentials are checked inside the statement, so a hot request is one
+  round trip.
+- SQLite: the same steps in SQLAlchemy Core, always in a transaction (SQLite serialises
+  writers, so nothing there is contended in the same way).
+
+A statement that changes nothing says nothing about why (bad credentials, a repeated message
+id, a stale ack, nothing due): the services then ask read-only queries, and never run a
+second copy of the write. Tokens are compared by the database, here and in
+`app/store/stakeholders.py`: the rows are found by their keys first, so each comparison is one
+short string equality.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, select
+from sqlalchemy.engine import Row
+
+from app.domain.errors import Conflict
+from app.domain.jobs import JobStatus
+from app.domain.models import ConsumerType, Message, PulledJob
+from app.store.bridge import BridgeStore
+from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Tx
+from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED, JobStore
+from app.store.messages import MessageStore
+from app.store.schema import channel, consumer, producer
+
+# -- who ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """How a statement names its consumers: one pull consumer by credentials (a request), one
+    consumer by primary key (a waiting pull, the bridge, the seed API, a push outcome), or
+    several push consumers by primary key (the dispatcher's claim)."""
+
+    consumer_pk: int | None = None
+    channel_id: str = ""
+    channel_token: str = ""
+    consumer_id: str = ""
+    consumer_token: str = ""
+    type: ConsumerType = ConsumerType.PULL
+    push_pks: tuple[int, ...] = ()
+
+    @classmethod
+    def by_credentials(
+        cls, channel_id: str, channel_token: str, consumer_id: str, consumer_token: str
+    ) -> Named:
+        return cls(None, channel_id, channel_token, consumer_id, consumer_token)
+
+    @classmethod
+    def push(cls, consumer_pks: Sequence[int]) -> Named:
+        return cls(type=ConsumerType.PUSH, push_pks=tuple(consumer_pks))
+
+    @property
+    def key(self) -> str:
+        if self.push_pks:
+            return "push"
+        return "pk" if self.consumer_pk is not None else "credentials"
+
+    def params(self) -> dict[str, Any]:
+        if self.push_pks:
+            return {"consumer_pks": list(self.push_pks)}
+        if self.consumer_pk is not None:
+            return {"consumer_pk": self.consumer_pk, "consumer_type": self.type.value}
+        return {
+            "channel_id": self.channel_id,
+            "channel_token": self.channel_token,
+            "consumer_id": self.consumer_id,
+            "consumer_token": self.consumer_token,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    jobs: list[PulledJob]  # highest priority first, then oldest
+    pending: int  # due jobs left, counted up to PENDING_COUNT_CAP
+    seqs: list[int]  # numbered claims: the delivery sequence numbers, ascending
+
+
+NOTHING = Claimed([], 0, [])
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    message: Message
+    consumer_pks: list[int]  # the consumers that got a job
+
+
+# -- PostgreSQL: the texts ---------------------------------------------------------------------
+
+# The consumer rows (pk, ack_wait_seconds, max_ack_pending) a statement acts for, or no row.
+NAMED = {
+    "credentials": """
+    SELECT consumer.pk, consumer.ack_wait_seconds, consumer.max_ack_pending
+    FROM channel JOIN consumer ON consumer.channel_id = channel.id
+    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
+      AND consumer.consumer_id = %(consumer_id)s AND consumer.token = %(consumer_token)s
+      AND consumer.type = 'pull'""",
+    "pk": """
+    SELECT consumer.pk, consumer.ack_wait_seconds, consumer.max_ack_pending FROM consumer
+    WHERE consumer.pk = %(consumer_pk)s AND consumer.type = %(consumer_type)s""",
+    "push": """
+    SELECT consumer.pk, consumer.ack_wait_seconds, consumer.max_ack_pending FROM consumer
+    WHERE consumer.pk = ANY(%(consumer_pks)s) AND consumer.type = 'push'""",
+}
+
+# Credentials, the message, one QUEUED job per consumer of the channel, and the NOTIFY that
+# wakes their waiters. No row back: bad credentials or a repeated message id.
+PUBLISH = f"""
+WITH allowed AS (
+    SELECT channel.id FROM channel JOIN producer ON producer.id = %(producer_id)s
+    WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
+      AND producer.token = %(producer_token)s
+), stored AS (
+    INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, priority,
+                         headers, received_at)
+    SELECT allowed.id, %(message_id)s, %(producer_id)s, %(payload)s, %(content_type)s,
+           %(priority)s, %(headers)s::json, now()
+    FROM allowed
+    ON CONFLICT (channel_id, message_id) DO NOTHING
+    RETURNING pk, received_at
+), fanned AS (
+    INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
+                     earliest_next_attempt_at, status_changed_at, created_at)
+    SELECT stored.pk, consumer.pk, '{QUEUED}', %(priority)s, %(payload_size)s,
+           stored.received_at, stored.received_at, stored.received_at
+    FROM stored JOIN consumer ON consumer.channel_id = %(channel_id)s
+    RETURNING consumer_pk
+), told AS (
+    SELECT pg_notify('{NOTIFY_CHANNEL}',
+                     CASE WHEN length(pks) <= {MAX_NOTIFY_PAYLOAD} THEN pks ELSE '*' END)
+    FROM (SELECT string_agg(CAST(consumer_pk AS text), ',') AS pks FROM fanned) AS listed
+    WHERE pks IS NOT NULL
+)
+SELECT stored.pk, stored.received_at, ARRAY(SELECT consumer_pk FROM fanned),
+       (SELECT count(*) FROM told)
+FROM stored
+"""
+
+# The claim returns PulledJob's fields in their order, so each row is the record as it is:
+# these from the message, the rest from the claimed job (the columns share the fields' names).
+MESSAGE_COLUMNS = ("message_id", "payload", "content_type", "headers")
+CLAIMED_COLUMNS = tuple(name for name in PulledJob._fields if name not in MESSAGE_COLUMNS)
+PULLED_COLUMNS = tuple(
+    f"message.{name}" if name in MESSAGE_COLUMNS else f"claimed.{name}"
+    for name in PulledJob._fields
+)
+PULLED_WIDTH = len(PULLED_COLUMNS)
+
+# The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
+# consumer's newest delivery remembered (never moving backwards).
+NUMBERED = """, numbers AS (
+    SELECT claimed.id, nextval('bridge_delivery_seq') AS seq FROM claimed
+), recorded AS (
+    INSERT INTO bridge_consumer (consumer_pk, last_delivery_seq, last_stream_seq,
+                                 last_delivered_at)
+    SELECT (SELECT pk FROM named), max(seq), (SELECT max(id) FROM claimed), now()
+    FROM numbers HAVING count(*) > 0
+    ON CONFLICT (consumer_pk) DO UPDATE SET
+        last_delivery_seq = greatest(excluded.last_delivery_seq,
+                                     bridge_consumer.last_delivery_seq),
+        last_stream_seq = greatest(excluded.last_stream_seq, bridge_consumer.last_stream_seq),
+        last_delivered_at = excluded.last_delivered_at
+)"""
+
+
+@functools.lru_cache(maxsize=1024)
+def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: bool) -> str:
+    """The claim, in the variant a call needs (each variant is its own prepared statement).
+
+    `(SELECT pk FROM named)` is evaluated once and then acts as a parameter, so the claim
+    walks the partial claim index in order. Run alone, it leaves consumers capped by
+    max-ack-pending alone (`capped` False): their claims run in a transaction that has locked
+    the consumer row and counted its in-flight jobs, with the limit that leaves. The
+    statement sees the queue as it was before it ran: the pending count includes what it
+    claimed and takes that off; when fewer rows were due than the limit, none is left but
+    those a byte budget passed over. The limit is written into the text: with LIMIT $n
+    PostgreSQL prices a generic plan for a tenth of the table, so it planned every claim anew
+    (0.3 ms, a tenth of the claim); a batch size of its own lets the generic plan win.
+    """
+    limit = int(limit)
+    push = key == "push"
+    pulled_columns = ", ".join(PULLED_COLUMNS)
+    returned = ", ".join(f"job.{name}" for name in [*CLAIMED_COLUMNS, "message_pk"])
+    message_columns = ", ".join(f"message.{name}" for name in MESSAGE_COLUMNS)
+    consumers = "IN (SELECT pk FROM named)" if push else "= (SELECT pk FROM named)"
+    # Push consumers all lease for the dispatcher's time; a pull consumer may set its own.
+    ack_wait = (
+        "%(default_ack_wait)s"
+        if push
+        else "coalesce((SELECT ack_wait_seconds FROM named), %(default_ack_wait)s)"
+    )
+    uncapped = "" if capped or push else "\n      AND consumer.max_ack_pending IS NULL"
+    # A byte budget keeps the longest prefix of the locked rows that fits (at least one job);
+    # the rows it passes over are unlocked when the statement or transaction ends.
+    chosen = (
+        """, chosen AS (
+    SELECT id FROM (
+        SELECT id, row_number() OVER w AS n, sum(payload_size) OVER w AS total
+        FROM due WINDOW w AS (ORDER BY priority DESC, id)
+    ) AS running WHERE n = 1 OR total <= %(max_bytes)s
+)"""
+        if by_bytes
+        else ""
+    )
+    # One sequence value per row (an array on every row would cost the client n squared).
+    seqs = "numbers.seq" if numbered else "NULL"
+    join_numbers = "JOIN numbers ON numbers.id = claimed.id" if numbered else ""
+    pending = (
+        "0"
+        if push
+        else f"""CASE WHEN (SELECT count(*) FROM due) < {limit}
+        THEN (SELECT count(*) FROM due) - (SELECT n FROM counted)
+        ELSE greatest(0, (
+        SELECT count(*) FROM (
+            SELECT 1 FROM job
+            WHERE job.consumer_pk = (SELECT pk FROM named) AND job.status = '{QUEUED}'
+              AND job.earliest_next_attempt_at <= now()
+            ORDER BY job.priority DESC, job.id
+            LIMIT {PENDING_COUNT_CAP + limit}
+        ) AS ahead) - (SELECT n FROM counted)) END"""
+    )
+    return f"""
+WITH named AS ({NAMED[key]}{uncapped}
+), due AS (
+    SELECT job.id, job.priority, job.payload_size FROM job
+    WHERE job.consumer_pk {consumers} AND job.status = '{QUEUED}'
+      AND job.earliest_next_attempt_at <= now()
+    ORDER BY job.priority DESC, job.id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
+){chosen}, claimed AS (
+    UPDATE job SET status = '{INFLIGHT}', attempt = job.attempt + 1,
+        incremental_timeout = %(incremental_timeout)s,
+        lease_expires_at = now() + make_interval(secs => %(incremental_timeout)s + {ack_wait}),
+        claimed_at = now(), status_changed_at = now()
+    WHERE job.id IN (SELECT id FROM {"chosen" if by_bytes else "due"})
+      AND job.status = '{QUEUED}'
+    RETURNING {returned}
+), counted AS (
+    SELECT count(*) AS n FROM claimed
+){NUMBERED if numbered else ""}
+SELECT {pulled_columns}, {seqs}, {pending}
+FROM claimed CROSS JOIN LATERAL (
+    -- OFFSET 0 keeps this a per-row primary key lookup: a join would let stale statistics
+    -- hash the whole message table for a few hundred rows.
+    SELECT {message_columns} FROM message WHERE message.pk = claimed.message_pk OFFSET 0
+) AS message {join_numbers}
+ORDER BY claimed.priority DESC, claimed.id
+"""
+
+
+def _ack_sql(key: str, one: bool) -> str:
+    # INFLIGHT -> DELIVERED for (id, attempt or None) pairs. A job not in the answer was not
+    # acked: credentials, job, status or attempt were off.
+    given = (
+        "(SELECT %(id)s::bigint, %(attempt)s::integer)"
+        if one
+        else "unnest(%(ids)s::bigint[], %(attempts)s::integer[])"
+    )
+    return f"""
+WITH named AS ({NAMED[key]}
+), acked AS (
+    UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now()
+    FROM named, {given} AS given(id, attempt)
+    WHERE job.id = given.id AND job.consumer_pk = named.pk
+      AND (job.status || '') = '{INFLIGHT}'  -- no status index: the primary key finds them
+      AND (given.attempt IS NULL OR job.attempt = given.attempt)
+    RETURNING job.id, named.pk, named.max_ack_pending
+), told AS (
+    -- Pulls of a consumer capped by max-ack-pending wait for in-flight jobs to end.
+    SELECT pg_notify('{NOTIFY_CHANNEL}', CAST(pk AS text)) FROM acked
+    WHERE max_ack_pending IS NOT NULL LIMIT 1
+)
+SELECT id, (SELECT count(*) FROM told) AS told FROM acked
+"""
+
+
+# One ack has a statement of its own, with plain parameters. With arrays, a generic plan
+# assumes ten elements, a custom plan for one is always cheaper, and so every single ack was
+# planned anew (0.2 ms, three times the cost of running it). Batches keep the generic plan
+# whatever their size: the primary key finds each job, so 1,000 acks run as fast with it as
+# with a plan made for them.
+ACK = {(key, one): _ack_sql(key, one) for key in ("credentials", "pk") for one in (False, True)}
+
+
+def _pulled_job(row: tuple[Any, ...]) -> PulledJob:
+    job = PulledJob._make(row[:PULLED_WIDTH])
+    # Binary results load json as Python objects; the text form only in case that changes.
+    if type(job.headers) is not dict:
+        headers = job.headers
+        job = job._replace(headers=dict(json.loads(headers) if isinstance(headers, str) else {}))
+    return job
+
+
+# -- the queue ---------------------------------------------------------------------------------
+
+
+class Queue:
+    """Publish, claim and ack on either database; `tx` runs a statement inside a transaction
+    the caller holds (None: on its own)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._postgres = db.dialect == "postgresql"
+
+    async def publish(
+        self,
+        *,
+        channel_id: str,
+        channel_token: str,
+        producer_id: str,
+        producer_token: str,
+        message_id: str,
+        payload: bytes,
+        content_type: str,
+        priority: int,
+        headers: dict[str, str],
+    ) -> Published | None:
+        """The message and its jobs, or None: bad credentials or a repeated message id."""
+        if not self._postgres:
+            async with self._db.transaction() as tx:
+                published = await _sqlite_publish(
+                    tx,
+                    channel_id=channel_id,
+                    channel_token=channel_token,
+                    producer_id=producer_id,
+                    producer_token=producer_token,
+                    message_id=message_id,
+                    payload=payload,
+                    content_type=content_type,
+                    priority=priority,
+                    headers=headers,
+                )
+                if published is not None:
+                    tx.announce(published.consumer_pks)
+            return published
+        rows = await self._db.run(
+            PUBLISH,
+            {
+                "channel_id": channel_id,
+                "channel_token": channel_token,
+                "producer_id": producer_id,
+                "producer_token": producer_token,
+                "message_id": message_id,
+                "payload": payload,
+                "payload_size": len(payload),
+                "content_type": content_type,
+                "priority": priority,
+                "headers": json.dumps(headers),
+            },
+        )
+        if not rows:
+            return None
+        pk, received_at, consumer_pks, _ = rows[0]
+        self._db.wake_here(consumer_pks)
+        message = Message(
+            pk=pk,
+            channel_id=channel_id,
+            message_id=message_id,
+            producer_id=producer_id,
+            payload=payload,
+            content_type=content_type,
+            priority=priority,
+            headers=headers,
+            received_at=received_at,
+        )
+        return Published(message, list(consumer_pks))
+
+    async def claim(
+        self,
+        named: Named,
+        *,
+        limit: int,
+        default_ack_wait: int,
+        incremental_timeout: int = 0,
+        max_bytes: int | None = None,
+        max_ack_pending: int | None = None,
+        numbered: bool = False,
+        tx: Tx | None = None,
+    ) -> Claimed:
+        """Lease up to `limit` due jobs, highest priority first, oldest first within one.
+
+        Without `max_ack_pending` a consumer capped by it is left alone (nothing claimed):
+        the caller, having read the consumer, claims again with its cap, which locks the
+        consumer row and counts its in-flight jobs in the same transaction first."""
+        if max_ack_pending is not None and tx is None:
+            async with self._db.transaction() as own:
+                return await self.claim(
+                    named,
+                    limit=limit,
+                    default_ack_wait=default_ack_wait,
+                    incremental_timeout=incremental_timeout,
+                    max_bytes=max_bytes,
+                    max_ack_pending=max_ack_pending,
+                    numbered=numbered,
+                    tx=own,
+                )
+        if max_ack_pending is not None:
+            assert tx is not None and named.consumer_pk is not None
+            jobs = JobStore(tx)
+            limit = min(limit, max_ack_pending - await jobs.inflight_locked(named.consumer_pk))
+            if limit <= 0:
+                return Claimed([], await jobs.due_count(named.consumer_pk, PENDING_COUNT_CAP), [])
+        if not self._postgres:
+            if tx is not None:
+                return await _sqlite_claim(
+                    tx, named, limit, default_ack_wait, incremental_timeout, max_bytes,
+                    capped=max_ack_pending is not None, numbered=numbered,
+                )  # fmt: skip
+            async with self._db.transaction() as own:
+                return await _sqlite_claim(
+                    own, named, limit, default_ack_wait, incremental_timeout, max_bytes,
+                    capped=False, numbered=numbered,
+                )  # fmt: skip
+        sql = claim_sql(
+            named.key,
+            limit,
+            numbered=numbered,
+            by_bytes=max_bytes is not None,
+            capped=max_ack_pending is not None,
+        )
+        params = named.params() | {
+            "default_ack_wait": default_ack_wait,
+            "incremental_timeout": incremental_timeout,
+            "max_bytes": max_bytes,
+        }
+        rows = await self._db.run(sql, params, tx)
+        if not rows:
+            return NOTHING
+        return Claimed(
+            [_pulled_job(row) for row in rows],
+            min(int(rows[0][-1]), PENDING_COUNT_CAP),
+            sorted(row[-2] for row in rows) if numbered else [],
+        )
+
+    async def ack(
+        self, named: Named, targets: Sequence[tuple[int, int | None]], tx: Tx | None = None
+    ) -> set[int]:
+        """INFLIGHT -> DELIVERED for (job id, attempt or None) pairs; the ids that moved."""
+        if not targets:
+            return set()
+        if not self._postgres:
+            if tx is not None:
+                return await _sqlite_ack(tx, named, targets)
+            async with self._db.transaction() as own:
+                return await _sqlite_ack(own, named, targets)
+        if len(targets) == 1:
+            ((job_id, attempt),) = targets
+            params = named.params() | {"id": job_id, "attempt": attempt}
+            rows = await self._db.run(ACK[named.key, True], params, tx)
+        else:
+            params = named.params() | {
+                "ids": [i for i, _ in targets],
+                "attempts": [a for _, a in targets],
+            }
+            rows = await self._db.run(ACK[named.key, False], params, tx)
+        return {row[0] for row in rows}
+
+
+# -- SQLite: the same steps in SQLAlchemy Core ---------------------------------------------------
+
+
+async def _sqlite_named(tx: Tx, named: Named, *, capped: bool) -> Row[Any, Any, Any] | None:
+    """The consumer row NAMED selects on PostgreSQL, with the same conditions."""
+    query = select(consumer.c.pk, consumer.c.ack_wait_seconds, consumer.c.max_ack_pending)
+    if named.consumer_pk is not None:
+        query = query.where(
+            consumer.c.pk == named.consumer_pk, consumer.c.type == named.type.value
+        )
+    else:
+        query = query.join(channel, channel.c.id == consumer.c.channel_id).where(
+            channel.c.id == named.channel_id,
+            channel.c.token == named.channel_token,
+            consumer.c.consumer_id == named.consumer_id,
+            consumer.c.token == named.consumer_token,
+            consumer.c.type == ConsumerType.PULL.value,
+        )
+    if not capped:
+        query = query.where(consumer.c.max_ack_pending.is_(None))
+    return (await tx.conn.execute(query)).first()
+
+
+async def _sqlite_publish(
+    tx: Tx,
+    *,
+    channel_id: str,
+    channel_token: str,
+    producer_id: str,
+    producer_token: str,
+    message_id: str,
+    payload: bytes,
+    content_type: str,
+    priority: int,
+    headers: dict[str, str],
+) -> Published | None:
+    allowed = select(channel.c.id).join(producer, producer.c.id == producer_id).where(
+        and_(
+            channel.c.id == channel_id,
+            channel.c.token == channel_token,
+            producer.c.token == producer_token,
+        )
+    )
+    if (await tx.conn.execute(allowed)).first() is None:
+        return None
+    try:
+        message, consumer_pks = await MessageStore(tx).publish(
+            channel_id=channel_id,
+            producer_id=producer_id,
+            message_id=message_id,
+            payload=payload,
+            content_type=content_type,
+            priority=priority,
+            headers=headers,
+        )
+    except Conflict:
+        return None
+    return Published(message, consumer_pks)
+
+
+async def _sqlite_claim(
+    tx: Tx,
+    named: Named,
+    limit: int,
+    default_ack_wait: int,
+    incremental_timeout: int,
+    max_bytes: int | None,
+    *,
+    capped: bool,
+    numbered: bool,
+) -> Claimed:
+    jobs = JobStore(tx)
+    if named.push_pks:
+        pks: list[int] = list(named.push_pks)
+        ack_wait = default_ack_wait
+    else:
+        row = await _sqlite_named(tx, named, capped=capped)
+        if row is None:
+            return NOTHING
+        pks = [row.pk]
+        ack_wait = row.ack_wait_seconds or default_ack_wait
+    due, claimed = await jobs.claim_sqlite(
+        pks,
+        limit=limit,
+        ack_wait=ack_wait,
+        incremental_timeout=incremental_timeout,
+        max_bytes=max_bytes,
+    )
+    pulled = [PulledJob.of(c) for c in claimed]
+    if named.push_pks or not pulled:
+        return Claimed(pulled, 0, [])
+    pending = due - len(pulled) if due < limit else await jobs.due_count(pks[0], PENDING_COUNT_CAP)
+    seqs: list[int] = []
+    if numbered:
+        bridge = BridgeStore(tx)
+        seqs = await bridge.next_delivery_seqs(len(pulled))
+        await bridge.record_delivery(pks[0], seqs[-1], max(j.id for j in pulled))
+    return Claimed(pulled, pending, seqs)
+
+
+async def _sqlite_ack(
+    tx: Tx, named: Named, targets: Sequence[tuple[int, int | None]]
+) -> set[int]:
+    row = await _sqlite_named(tx, named, capped=True)
+    if row is None:
+        return set()
+    moved = {j.id for j in await JobStore(tx).complete(row.pk, targets, JobStatus.DELIVERED)}
+    if moved and row.max_ack_pending is not None:
+        tx.announce([row.pk])
+    return moved
