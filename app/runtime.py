@@ -13,6 +13,7 @@ from app.dispatch.dispatcher import Dispatcher, close_quietly, http_client
 from app.domain.pulls import PullLimits
 from app.services.acking import AckService
 from app.services.admin import AdminService
+from app.services.health import HealthService
 from app.services.messages import MessageQueries
 from app.services.publishing import PublishingService
 from app.services.pulling import PullService
@@ -52,6 +53,7 @@ class Runtime:
             self.db, self.queue, config.broker.max_message_size_bytes
         )
         self.messages = MessageQueries(self.db)
+        self.health = HealthService(self.db)
         self.pulls = PullService(
             self.db,
             self.queue,

@@ -130,6 +130,11 @@ class Database:
         finally:
             await greenlet_spawn(raw.close)
 
+    async def ping(self) -> None:
+        """One trivial statement on a pooled connection; raises whatever the driver raises."""
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
     async def dispose(self) -> None:
         await self.engine.dispose()
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from sqlalchemy import text
 
 from app.api.deps import RuntimeDep
 from app.api.responses import JSONResponse
@@ -12,12 +11,7 @@ router = APIRouter(tags=["status"])
 @router.get("/_status")
 async def status(rt: RuntimeDep) -> JSONResponse:
     """Liveness plus database reachability; never reports configuration secrets."""
-    try:
-        async with rt.db.engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
-        database = "ok"
-    except Exception as exc:  # any driver failure means "unreachable" to a health check
-        database = f"unreachable: {type(exc).__name__}"
+    database = await rt.health.database()
     healthy = database == "ok"
     body = {
         "status": "ok" if healthy else "degraded",
