@@ -64,10 +64,14 @@ def seconds(value: object, name: str, *, maximum: float = MAX_INT32) -> float:
 
 
 def optional_str(value: object, name: str) -> str | None:
+    """A string or null. NUL characters are refused here, on every database: PostgreSQL cannot
+    store them, and SQLite would keep what PostgreSQL refuses."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidInput(f"{name} must be a string")
+    if "\x00" in value:
+        raise InvalidInput(f"{name} must not contain NUL characters")
     return value
 
 

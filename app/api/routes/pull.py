@@ -42,7 +42,9 @@ def parse_pull(body: dict[str, Any], max_expires: float = DEFAULT_EXPIRES) -> Pu
     max_bytes = body.get("max_bytes")
     return PullRequest(
         batch=whole_number(body.get("batch", 1), "batch", minimum=1),
-        max_bytes=None if max_bytes is None else whole_number(max_bytes, "max_bytes", minimum=1),
+        max_bytes=None
+        if max_bytes is None
+        else whole_number(max_bytes, "max_bytes", minimum=1, maximum=MAX_ID),
         expires=seconds(body.get("expires", min(DEFAULT_EXPIRES, max_expires)), "expires"),
         no_wait=no_wait,
         incremental_timeout=whole_number(
