@@ -57,10 +57,10 @@ channel=hooks
 """
 
 # The consumer's cap, the variants every bridge test that seeds `workers` and claims runs in:
-# - `uncapped`: no max-ack-pending, what production consumers use. On PostgreSQL a claim is then
-#   the one-statement claim of app/store/queue.py (BridgeService.claim's fast path).
-# - `capped`: max-ack-pending=1000 (JetStream's default), so every claim is the full transaction
-#   of app/store/jobs.py that counts the consumer's in-flight jobs under a lock.
+# - `uncapped`: no max-ack-pending, what production consumers use: Queue.claim
+#   (app/store/queue.py) runs the claim statement alone, one statement in autocommit.
+# - `capped`: max-ack-pending=1000 (JetStream's default): Queue.claim opens a transaction, locks
+#   the consumer row, counts its in-flight jobs and runs the capped statement inside it.
 # The real JetStream consumer a test compares with gets the same limit where the comparison
 # sees it: MAX_ACK_PENDING[cap] (-1, JetStream's "no limit", is also what the bridge reports).
 #
