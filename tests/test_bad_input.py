@@ -384,18 +384,6 @@ def _route_cases(route: Route) -> list[Case]:
 
 CASES = [case for route in ROUTES for case in route_cases(route)]
 
-# -- known defects outside the API's parsing ---------------------------------------------------
-
-# (backend, case id) -> why it fails today; each is an xfail(strict=True), so the fix shows.
-KNOWN_DEFECTS: dict[tuple[str, str], str] = {
-    ("sqlite", "POST /channel/{channel_id}/broadcast header:Content-Type:nul"): (
-        "app/services/publishing.py stores a Content-Type holding NUL on SQLite (201) while "
-        "PostgreSQL refuses it (400): PublishingService._fields should refuse NUL in it as it "
-        "does in X-Broker-Message-ID"
-    ),
-}
-
-
 # -- the world the requests run against -------------------------------------------------------
 
 
@@ -544,12 +532,7 @@ def assert_refused(response: httpx.Response, *, tolerated: bool = False) -> None
 # in every pair and build the module's database once per case.)
 @pytest.mark.parametrize("world", ["sqlite", "postgresql"], indirect=True)
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
-async def test_bad_input_is_a_4xx_with_a_reason(
-    world: World, case: Case, request: pytest.FixtureRequest
-) -> None:
-    known = KNOWN_DEFECTS.get((world.backend, case.id))
-    if known is not None:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=known))
+async def test_bad_input_is_a_4xx_with_a_reason(world: World, case: Case) -> None:
     assert_refused(await send(world, case), tolerated=case.tolerated)
 
 

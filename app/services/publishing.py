@@ -141,8 +141,10 @@ class PublishingService:
                 f"the body is {len(request.payload)} bytes; the limit is {self._max_size}"
             )
         content_type = (request.content_type or "").strip() or DEFAULT_CONTENT_TYPE
-        if len(content_type) > MAX_CONTENT_TYPE_LENGTH:
-            raise InvalidInput(f"Content-Type must be at most {MAX_CONTENT_TYPE_LENGTH} characters")
+        if len(content_type) > MAX_CONTENT_TYPE_LENGTH or "\x00" in content_type:
+            raise InvalidInput(
+                f"Content-Type must be at most {MAX_CONTENT_TYPE_LENGTH} characters, without NUL"
+            )
         message_id = (request.message_id or "").strip() or uuid.uuid4().hex
         if len(message_id) > 255 or "\x00" in message_id:
             raise InvalidInput("X-Broker-Message-ID must be at most 255 characters, without NUL")
