@@ -11,7 +11,7 @@ import pytest
 
 from app.runtime import Runtime
 from app.store.db import Tx
-from app.store.queue import Claimed, Named, Published
+from app.store.queue import Claimed, Named, NewMessage, Published
 from tests.helpers_pull import (
     CHANNEL,
     CHANNEL_TOKEN,
@@ -38,18 +38,31 @@ WAYS = {"alone": alone, "in_transaction": in_transaction}
 
 async def publish(rt: Runtime, message_id: str, size: int = 10, priority: int = 0) -> Published:
     published = await rt.queue.publish(
-        channel_id=CHANNEL,
-        channel_token=CHANNEL_TOKEN,
-        producer_id=PRODUCER,
-        producer_token=PRODUCER_TOKEN,
-        message_id=message_id,
-        payload=b"x" * size,
-        content_type="text/plain",
-        priority=priority,
-        headers={"X-Trace": message_id},
+        message(message_id, b"x" * size, priority, headers={"X-Trace": message_id})
     )
     assert published is not None
     return published
+
+
+def message(
+    message_id: str,
+    payload: bytes = b"x",
+    priority: int = 0,
+    *,
+    channel_token: str = CHANNEL_TOKEN,
+    headers: dict[str, str] | None = None,
+) -> NewMessage:
+    return NewMessage(
+        channel_id=CHANNEL,
+        channel_token=channel_token,
+        producer_id=PRODUCER,
+        producer_token=PRODUCER_TOKEN,
+        message_id=message_id,
+        payload=payload,
+        content_type="text/plain",
+        priority=priority,
+        headers=headers or {},
+    )
 
 
 def seen(claimed: Claimed) -> list[tuple[str, int, int]]:
@@ -145,29 +158,9 @@ async def test_publish_and_credentials(client: httpx.AsyncClient, runtime: Runti
     published = await publish(runtime, "one")
     assert len(published.consumer_pks) == 2
     assert published.message.headers == {"X-Trace": "one"}
-    again = await runtime.queue.publish(
-        channel_id=CHANNEL,
-        channel_token=CHANNEL_TOKEN,
-        producer_id=PRODUCER,
-        producer_token=PRODUCER_TOKEN,
-        message_id="one",
-        payload=b"x",
-        content_type="text/plain",
-        priority=0,
-        headers={},
-    )
+    again = await runtime.queue.publish(message("one"))
     assert again is None  # a repeated message id stores nothing
-    wrong = await runtime.queue.publish(
-        channel_id=CHANNEL,
-        channel_token="not-the-token",
-        producer_id=PRODUCER,
-        producer_token=PRODUCER_TOKEN,
-        message_id="two",
-        payload=b"x",
-        content_type="text/plain",
-        priority=0,
-        headers={},
-    )
+    wrong = await runtime.queue.publish(message("two", channel_token="not-the-token"))
     assert wrong is None
     by_credentials = Named.by_credentials(CHANNEL, CHANNEL_TOKEN, "k1", "k1-token")
     claimed = await runtime.queue.claim(by_credentials, limit=5, default_ack_wait=30)

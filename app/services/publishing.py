@@ -13,7 +13,7 @@ from app.domain.models import Message
 from app.services.auth import publishing_producer
 from app.store.db import Database
 from app.store.messages import MessageStore
-from app.store.queue import Queue
+from app.store.queue import NewMessage, Queue
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 MAX_CONTENT_TYPE_LENGTH = 255
@@ -105,11 +105,13 @@ class PublishingService:
         if fields is not None and request.channel_token is not None and request.producer_id:
             for _ in range(2):
                 published = await self._queue.publish(
-                    channel_id=channel_id,
-                    channel_token=request.channel_token,
-                    producer_id=request.producer_id,
-                    producer_token=request.producer_token or "",
-                    **fields,
+                    NewMessage(
+                        channel_id=channel_id,
+                        channel_token=request.channel_token,
+                        producer_id=request.producer_id,
+                        producer_token=request.producer_token or "",
+                        **fields,
+                    )
                 )
                 if published is not None:
                     return published.message

@@ -95,6 +95,21 @@ NOTHING = Claimed([], 0, [])
 
 
 @dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to publish, with the credentials the statement checks."""
+
+    channel_id: str
+    channel_token: str
+    producer_id: str
+    producer_token: str
+    message_id: str
+    payload: bytes
+    content_type: str
+    priority: int
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class Published:
     message: Message
     consumer_pks: list[int]  # the consumers that got a job
@@ -318,50 +333,27 @@ class Queue:
         self._db = db
         self._postgres = db.dialect == "postgresql"
 
-    async def publish(
-        self,
-        *,
-        channel_id: str,
-        channel_token: str,
-        producer_id: str,
-        producer_token: str,
-        message_id: str,
-        payload: bytes,
-        content_type: str,
-        priority: int,
-        headers: dict[str, str],
-    ) -> Published | None:
+    async def publish(self, new: NewMessage) -> Published | None:
         """The message and its jobs, or None: bad credentials or a repeated message id."""
         if not self._postgres:
             async with self._db.transaction() as tx:
-                published = await _sqlite_publish(
-                    tx,
-                    channel_id=channel_id,
-                    channel_token=channel_token,
-                    producer_id=producer_id,
-                    producer_token=producer_token,
-                    message_id=message_id,
-                    payload=payload,
-                    content_type=content_type,
-                    priority=priority,
-                    headers=headers,
-                )
+                published = await _sqlite_publish(tx, new)
                 if published is not None:
                     tx.announce(published.consumer_pks)
             return published
         rows = await self._db.run(
             PUBLISH,
             {
-                "channel_id": channel_id,
-                "channel_token": channel_token,
-                "producer_id": producer_id,
-                "producer_token": producer_token,
-                "message_id": message_id,
-                "payload": payload,
-                "payload_size": len(payload),
-                "content_type": content_type,
-                "priority": priority,
-                "headers": json.dumps(headers),
+                "channel_id": new.channel_id,
+                "channel_token": new.channel_token,
+                "producer_id": new.producer_id,
+                "producer_token": new.producer_token,
+                "message_id": new.message_id,
+                "payload": new.payload,
+                "payload_size": len(new.payload),
+                "content_type": new.content_type,
+                "priority": new.priority,
+                "headers": json.dumps(new.headers),
             },
         )
         if not rows:
@@ -370,13 +362,13 @@ class Queue:
         self._db.wake_here(consumer_pks)
         message = Message(
             pk=pk,
-            channel_id=channel_id,
-            message_id=message_id,
-            producer_id=producer_id,
-            payload=payload,
-            content_type=content_type,
-            priority=priority,
-            headers=headers,
+            channel_id=new.channel_id,
+            message_id=new.message_id,
+            producer_id=new.producer_id,
+            payload=new.payload,
+            content_type=new.content_type,
+            priority=new.priority,
+            headers=new.headers,
             received_at=received_at,
         )
         return Published(message, list(consumer_pks))
@@ -495,37 +487,25 @@ async def _sqlite_named(tx: Tx, named: Named, *, capped: bool) -> Row[Any, Any, 
     return (await tx.conn.execute(query)).first()
 
 
-async def _sqlite_publish(
-    tx: Tx,
-    *,
-    channel_id: str,
-    channel_token: str,
-    producer_id: str,
-    producer_token: str,
-    message_id: str,
-    payload: bytes,
-    content_type: str,
-    priority: int,
-    headers: dict[str, str],
-) -> Published | None:
-    allowed = select(channel.c.id).join(producer, producer.c.id == producer_id).where(
+async def _sqlite_publish(tx: Tx, new: NewMessage) -> Published | None:
+    allowed = select(channel.c.id).join(producer, producer.c.id == new.producer_id).where(
         and_(
-            channel.c.id == channel_id,
-            channel.c.token == channel_token,
-            producer.c.token == producer_token,
+            channel.c.id == new.channel_id,
+            channel.c.token == new.channel_token,
+            producer.c.token == new.producer_token,
         )
     )
     if (await tx.conn.execute(allowed)).first() is None:
         return None
     try:
         message, consumer_pks = await MessageStore(tx).publish(
-            channel_id=channel_id,
-            producer_id=producer_id,
-            message_id=message_id,
-            payload=payload,
-            content_type=content_type,
-            priority=priority,
-            headers=headers,
+            channel_id=new.channel_id,
+            producer_id=new.producer_id,
+            message_id=new.message_id,
+            payload=new.payload,
+            content_type=new.content_type,
+            priority=new.priority,
+            headers=new.headers,
         )
     except Conflict:
         return None
