@@ -52,6 +52,7 @@ _UNITS: dict[str, int] = {
     "m": 60 * NANOS,
     "h": 3600 * NANOS,
 }
+_MAX_INT64 = 2**63 - 1
 _DURATION_PART = re.compile(r"(\d*)(?:\.(\d*))?([^\d.]+)")
 
 
@@ -86,6 +87,8 @@ def parse_go_duration(text: str) -> int:
         if fraction:
             total += int(fraction) * scale // 10 ** len(fraction)
         pos = match.end()
+    if total > _MAX_INT64 + (sign < 0):
+        raise ValueError(f"time: invalid duration {raw!r}")  # Go: overflow is an error
     return sign * total
 
 
@@ -164,15 +167,20 @@ def parse_pull_request(body: bytes) -> PullSpec:
             decoded = text.decode("ascii")
         except UnicodeDecodeError:
             return PullSpec()
-        if _INT_RE.match(decoded):
-            return PullSpec(batch=max(int(decoded), 1))
-        return PullSpec()
+        if _INT_RE.match(decoded) and len(decoded) <= 20:  # (int() refuses 4,300 digits)
+            number = int(decoded)
+            if -_MAX_INT64 - 1 <= number <= _MAX_INT64:
+                return PullSpec(batch=max(number, 1))
+        return PullSpec()  # not an integer strconv.Atoi reads (past int64 too): a batch of one
     values = _decode_go_object(text, _NEXT_STRUCT, _NEXT_FIELDS)
     batch = int(values.get("batch") or 0)
-    expires = max(int(values.get("expires") or 0), 0)
+    expires = int(values.get("expires") or 0)
     heartbeat = int(values.get("idle_heartbeat") or 0)
     if heartbeat > 0 and heartbeat * 2 > expires:
         raise BadRequest("heartbeat value too large")
+    # The server sets an expiry for any non-zero duration: a negative one has already passed
+    # (a no_wait request then ends with 408, not 404). 1 ns is the nearest "set" value.
+    expires = max(expires, 1) if expires else 0
     return PullSpec(
         batch=max(batch, 1),
         expires=expires,
@@ -187,13 +195,27 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(name)
 
 
+class _FloatLiteral(float):
+    """A JSON number with a fraction or an exponent, with its text (Go quotes the text)."""
+
+    text: str
+
+
+def _float_literal(text: str) -> float:
+    value = _FloatLiteral(text)
+    value.text = text
+    return value
+
+
 def _go_json_error(exc: json.JSONDecodeError) -> str:
     """The message Go's encoding/json gives for the same syntax error."""
     doc, pos = exc.doc, exc.pos
     if pos >= len(doc) or exc.msg.startswith("Unterminated string"):
         return "unexpected end of JSON input"
     char = doc[pos]
-    quoted = "'\\''" if char == "'" else f"'{char}'"
+    quoted = _go_quote_char(char)
+    if exc.msg.startswith("Invalid control character"):
+        return f"invalid character {quoted} in string"
     context = {
         "Expecting property name enclosed in double quotes": (
             "looking for beginning of object key string"
@@ -206,6 +228,32 @@ def _go_json_error(exc: json.JSONDecodeError) -> str:
     if context == "after object key:value pair" and _inside_array(doc, pos):
         context = "after array element"
     return f"invalid character {quoted} {context}"
+
+
+_GO_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    "\\": "\\\\",
+}
+
+
+def _go_quote_char(char: str) -> str:
+    """encoding/json's quoteChar: `'x'`, with control characters escaped as strconv.Quote
+    writes them (`'\\x00'`, `'\\n'`)."""
+    if char == "'":
+        return "'\\''"
+    if char == '"':
+        return "'\"'"
+    if char in _GO_ESCAPES:
+        return f"'{_GO_ESCAPES[char]}'"
+    if ord(char) < 0x20 or ord(char) == 0x7F:
+        return f"'\\x{ord(char):02x}'"
+    return f"'{char}'"
 
 
 def _inside_array(doc: str, pos: int) -> bool:
@@ -245,10 +293,17 @@ def _decode_go_object(
 ) -> dict[str, int | bool | str]:
     """json.Unmarshal into a Go struct: field names match case-insensitively, types are checked."""
     try:
-        raw = json.loads(text, parse_constant=_reject_constant)
+        # Go keeps invalid UTF-8 inside strings as U+FFFD instead of refusing the document.
+        raw = json.loads(
+            text.decode("utf-8", "replace"),
+            parse_constant=_reject_constant,
+            parse_float=_float_literal,
+        )
     except json.JSONDecodeError as exc:
         raise BadRequest(_go_json_error(exc)) from None
-    except (ValueError, UnicodeDecodeError):
+    except RecursionError:
+        raise BadRequest("exceeded max depth") from None  # Go's limit is 10,000 levels
+    except ValueError:
         raise BadRequest("invalid character looking for beginning of value") from None
     if not isinstance(raw, dict):
         raise BadRequest(f"json: cannot unmarshal {_json_kind(raw)} into Go value")
@@ -268,7 +323,7 @@ def _decode_go_object(
         elif isinstance(value, bool) or not isinstance(value, int | float):
             raise BadRequest(f"json: cannot unmarshal {_json_kind(value)} into {where}")
         elif isinstance(value, float) or not -(2**63) <= value < 2**63:
-            literal = json.dumps(value)
+            literal = value.text if isinstance(value, _FloatLiteral) else json.dumps(value)
             raise BadRequest(f"json: cannot unmarshal number {literal} into {where}")
         values[name] = value
     return values
@@ -377,6 +432,17 @@ def ack_subject(prefix: str, token: AckToken) -> str:
     )
 
 
+_MAX_INT32 = 2**31 - 1
+# Channel and consumer ids are at most 255 characters without NUL (the management API refuses
+# others), so an ack naming anything else is for no delivery of ours; it is dropped here rather
+# than compared in the database, which refuses a NUL.
+_MAX_NAME = 255
+
+
+def _possible_name(name: str) -> bool:
+    return len(name) <= _MAX_NAME and "\x00" not in name
+
+
 def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
     """The token of a v1 ack subject under `prefix`; None for anything else."""
     if not subject.startswith(prefix + "."):
@@ -388,8 +454,10 @@ def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
         numbers = [int(part) for part in parts[2:]]
     except ValueError:
         return None
-    if min(numbers) < 0 or numbers[0] < 1 or numbers[1] < 1:
+    if min(numbers) < 0 or numbers[0] < 1 or numbers[1] < 1 or max(numbers) > _MAX_INT64:
         return None
+    if numbers[0] > _MAX_INT32 or not _possible_name(parts[0]) or not _possible_name(parts[1]):
+        return None  # no delivery has this attempt or these names (see _possible_name)
     delivered, stream_seq, consumer_seq, timestamp, pending = numbers
     return AckToken(parts[0], parts[1], delivered, stream_seq, consumer_seq, timestamp, pending)
 
@@ -427,7 +495,9 @@ def parse_ack(body: bytes) -> AckCommand:
     if body == b"+WPI":
         return AckCommand(AckKind.PROGRESS)
     if body.startswith(b"+TERM"):
-        reason = body[5:].strip().decode("utf-8", "replace")
+        # Free text kept for people: undecodable bytes and NUL (which PostgreSQL cannot store)
+        # become U+FFFD.
+        reason = body[5:].strip().decode("utf-8", "replace").replace("\x00", "\ufffd")
         return AckCommand(AckKind.TERM, reason=reason or None)
     return AckCommand(AckKind.UNKNOWN)
 
@@ -442,7 +512,10 @@ def _nak_delay(rest: bytes) -> float | None:
         except ValueError:
             return None
         delay = decoded.get("delay") if isinstance(decoded, dict) else None
+        # Go reads it into an int64 time.Duration: anything else is a bad delay, a plain NAK.
         if isinstance(delay, int) and not isinstance(delay, bool):
+            if not -_MAX_INT64 - 1 <= delay <= _MAX_INT64:
+                return None
             nanos = delay
     else:
         try:
@@ -524,7 +597,7 @@ def stream_names(names: Sequence[str], offset: int = 0, limit: int = 1024) -> by
         "total": len(names),
         "offset": offset,
         "limit": limit,
-        "streams": page,
+        "streams": page or None,  # null when nothing matches, as nats-server writes it
     }
     return json.dumps(document, separators=(",", ":")).encode()
 
