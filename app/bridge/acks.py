@@ -23,9 +23,11 @@ from nats.nuid import NUID
 
 from app.bridge import protocol as p
 from app.bridge.engine import Outbound, PullEngine
+from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
-from app.domain.models import ConsumerType, Job
-from app.domain.pulls import AckItem, AckResult
+from app.domain.models import Consumer, ConsumerType, Job
+from app.domain.pulls import AckItem, AckOutcome, AckResult
+from app.services.acking import AckBatch
 from app.services.bridge import BridgeService, Lookup
 
 log = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ class AckProcessor:
                     )
                     for a in round_
                 ]
-                result = await self._service.acks(consumer, items)
+                result = await apply_acks(self._service, consumer, items)
                 self.applied += sum(1 for o in result.outcomes if o.result.applied)
                 await self._advise(round_, [o.result for o in result.outcomes], result.dead)
             self._reply_all(acks)
@@ -176,6 +178,21 @@ class AckProcessor:
             await self._publish(f"{p.ADVISORY_PREFIX}.{subject}", body)
         except Exception as exc:  # advisories are best effort, as on the server
             log.debug("advisory %s not published: %s", subject, exc)
+
+
+async def apply_acks(service: BridgeService, consumer: Consumer, items: list[AckItem]) -> AckBatch:
+    """The acks of one round; one the database refuses is dropped alone (nothing could ever
+    store it) instead of holding back every ack queued with it."""
+    try:
+        return await service.acks(consumer, items)
+    except InvalidInput:
+        if len(items) == 1:
+            log.warning("ack of job %s dropped: the database refuses it", items[0].id)
+            return AckBatch([AckOutcome(items[0].id, AckResult.UNKNOWN_JOB, "refused")], [])
+    singles = [await apply_acks(service, consumer, [item]) for item in items]
+    return AckBatch(
+        [o for one in singles for o in one.outcomes], [j for one in singles for j in one.dead]
+    )
 
 
 def _rounds(acks: list[InboundAck]) -> list[list[InboundAck]]:

@@ -266,8 +266,11 @@ class Bridge:
             if found.consumer is None:
                 # No such consumer: what the server answers when nobody serves the subject.
                 self.out.send(reply, None, b"NATS/1.0 503\r\n\r\n", b"")
-            else:
+                continue
+            try:
                 self.engine.submit(found.consumer, reply, body)
+            except Exception:  # one bad request must not cost the others queued beside it
+                log.exception("pull request for %s.%s failed", *key)
 
     def _ack(self, subject: str, reply: str | None, payload: bytes) -> None:
         token = p.parse_ack_subject(self.ack_prefix, subject)

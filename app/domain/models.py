@@ -17,6 +17,10 @@ from app.domain.jobs import JobStatus
 T = TypeVar("T")
 
 
+# Ids, names and tokens are VARCHAR(255) columns; PostgreSQL refuses longer values.
+MAX_FIELD_LENGTH = 255
+
+
 class ConsumerType(enum.StrEnum):
     PUSH = "push"
     PULL = "pull"

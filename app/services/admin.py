@@ -9,13 +9,11 @@ from email.utils import format_datetime
 from urllib.parse import urlparse
 
 from app.domain.errors import InvalidInput, NotFound, PreconditionFailed
-from app.domain.models import Consumer, ConsumerType, Cursor, Page, Stakeholder
+from app.domain.models import MAX_FIELD_LENGTH, Consumer, ConsumerType, Cursor, Page, Stakeholder
 from app.store.db import Database, Tx
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
 
 PAGE_SIZE = 25
-# Ids, names and tokens are VARCHAR(255) columns; PostgreSQL refuses longer values.
-MAX_FIELD_LENGTH = 255
 # ackWait and maxAckPending are 32-bit INTEGER columns.
 MAX_INTEGER = 2**31 - 1
 

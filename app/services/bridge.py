@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from app.domain.jobs import RetryPolicy
-from app.domain.models import Consumer, PulledJob
+from app.domain.models import MAX_FIELD_LENGTH, Consumer, PulledJob
 from app.domain.pulls import AckItem
 from app.services.acking import AckBatch, AckService
 from app.services.pulling import PullService
@@ -88,9 +88,15 @@ class BridgeService:
         return self._pulls.ack_wait(consumer)
 
     async def lookup(self, channel_id: str, consumer_id: str) -> Lookup:
+        # A name no channel or consumer can have is not found, as nats-server says of a
+        # stream or consumer it does not have, without asking the database (it refuses NUL).
+        if not _nameable(channel_id):
+            return Lookup(False, None)
         async with self._db.transaction() as tx:
             if await channels(tx).get(channel_id) is None:
                 return Lookup(False, None)
+            if not _nameable(consumer_id):
+                return Lookup(True, None)
             return Lookup(True, await ConsumerStore(tx).get(channel_id, consumer_id))
 
     async def channel_ids(self) -> list[str]:
@@ -135,3 +141,8 @@ class BridgeService:
     async def last_delivery(self, consumer: Consumer) -> tuple[int, int]:
         async with self._db.transaction() as tx:
             return await BridgeStore(tx).last_sequences(consumer.pk)
+
+
+def _nameable(name: str) -> bool:
+    """Could a channel or consumer id be this (ids are at most 255 characters, no NUL)."""
+    return len(name) <= MAX_FIELD_LENGTH and "\x00" not in name

@@ -462,17 +462,6 @@ async def bridge_run(
 
 # (mode or "*", key) -> why the bridge differs from nats-server today, and where the fix lies.
 # None of these leaves a job leased or stops the bridge (test_garbage_... checks that).
-_NUL_NAME_PULL = (
-    "a NUL in the stream or consumer token: BridgeService.lookup (app/services/bridge.py) "
-    "raises UnstorableValue, and bridge.py's _pull_after_lookup logs it and answers nothing, "
-    "where nats-server answers 503 (no responders). Proposed: the lookup treats a name the "
-    "database cannot compare (NUL, over 255 characters) as not found, without a query"
-)
-_NUL_NAME_INFO = (
-    "a NUL in the stream or consumer token: BridgeService.lookup raises UnstorableValue and "
-    "bridge.py answers 500 'bridge error', where nats-server answers 404 stream/consumer not "
-    "found. Proposed: the same lookup fix"
-)
 _INFO_BODY = (
     "app/bridge/api.py ignores a CONSUMER.INFO body; nats-server refuses a non-empty one "
     "(400, err_code 10038 'expected an empty request payload'). Proposed: ApiHandler._info "
@@ -501,10 +490,6 @@ _ACK_UNKNOWN = (
     "nats-server does not answer +ACK or +TERM for a sequence it never delivered"
 )
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
-    ("*", "next-subject:nul-stream"): _NUL_NAME_PULL,
-    ("*", "next-subject:nul-consumer"): _NUL_NAME_PULL,
-    ("*", "info:nul-stream"): _NUL_NAME_INFO,
-    ("*", "info:nul-consumer"): _NUL_NAME_INFO,
     ("*", "info-body:junk"): _INFO_BODY,
     ("*", "info-body:json"): _INFO_BODY,
     ("*", "names:invalid-json"): (

@@ -10,6 +10,7 @@ import pytest
 from alembic import command
 from sqlalchemy import update
 
+from app.bridge.acks import apply_acks
 from app.config import ConfigError, NatsConfig, load_config_text
 from app.domain.jobs import AckType, JobStatus
 from app.domain.pulls import AckItem, AckResult
@@ -157,3 +158,38 @@ def test_bad_nats_config_names_the_key(section: str, names: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config_text(base + "[nats]\n" + section + "\n")
     assert names in str(caught.value)
+
+
+@uncapped_only
+async def test_an_ack_the_database_refuses_is_dropped_alone(both: Runtime) -> None:
+    """A refused value (a NUL in a reason: PostgreSQL stores no NUL, SQLite does) costs only
+    its own ack; the acks applied with it still apply (the bridge's ack queue once retried
+    the whole batch forever)."""
+    service = BridgeService(
+        both.db, both.queue, both.pulls, both.acks, both.config.broker.retry_policy
+    )
+    consumer = (await service.lookup("orders", "workers")).consumer
+    assert consumer is not None
+    await publish(both, 3)
+    batch = await service.claim(consumer, 3)
+    assert [d.job.id for d in batch.deliveries] == [1, 2, 3]
+    items = [
+        AckItem(1, AckType.ACK, attempt=1),
+        AckItem(2, AckType.TERM, attempt=1, reason="bad\x00reason"),
+        AckItem(3, AckType.NAK, attempt=1, delay=60),
+    ]
+    result = await apply_acks(service, consumer, items)
+    refused = both.db.dialect == "postgresql"
+    assert [o.result for o in result.outcomes] == [
+        AckResult.DONE,
+        AckResult.UNKNOWN_JOB if refused else AckResult.DONE,
+        AckResult.DONE,
+    ]
+    async with both.db.transaction() as tx:
+        jobs = JobStore(tx)
+        statuses = [(await jobs.get(i)) for i in (1, 2, 3)]
+    assert [j.status if j else None for j in statuses] == [
+        JobStatus.DELIVERED,
+        JobStatus.INFLIGHT if refused else JobStatus.DEAD,
+        JobStatus.QUEUED,
+    ]
