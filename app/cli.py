@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from app.config import Config, ConfigError, load_config
-from app.logging import setup_logging
+from app.logging import setup_logging, warn_ignored_keys
 
 log = logging.getLogger("webhook_broker")
 
@@ -55,11 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"webhook-broker: bad configuration: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.log)
-    if config.ignored_keys:
-        log.warning(
-            "config keys with no effect yet (the Go original's, not implemented here): %s",
-            ", ".join(config.ignored_keys),
-        )
+    warn_ignored_keys(config)
     if args.command == "migrate":
         migrate(config)
         return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from app.config import LogConfig
+from app.config import Config, LogConfig
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -24,3 +24,12 @@ def setup_logging(config: LogConfig) -> None:
     # drivers and HTTP client are chatty: only their warnings reach broker logs.
     for noisy in ("sqlalchemy", "aiosqlite", "psycopg", "httpcore", "httpx", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def warn_ignored_keys(config: Config) -> None:
+    """Name every key of the Go original that was set but does nothing here yet."""
+    if config.ignored_keys:
+        logging.getLogger("app.config").warning(
+            "config keys with no effect yet (the Go original's, not implemented here): %s",
+            ", ".join(config.ignored_keys),
+        )

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from pyspark.sql import SparkSession
 
 from app.config import Config, ConfigError, load_config
+from app.logging import warn_ignored_keys
 from app.pipeline.archive import Archiver, StepHook
 from app.pipeline.db import LockMode, PipelineLocked, connect, jdbc_target, pipeline_lock
 from app.pipeline.progress import Progress, summary_line
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.monotonic(),
             sys.stdout,
         )
+    warn_ignored_keys(config)
     summary = run(args.command, config, master=args.master, dry_run=args.dry_run)
     return int(summary["exit_code"])
 
