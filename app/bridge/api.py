@@ -74,12 +74,27 @@ class ApiHandler:
         self._engine = engine
         self._prefix = prefix
         self._limits = limits
+        self._answered = 0
+        self._errors = 0
 
     async def answer(self, subject: str, body: bytes) -> bytes | None:
         """The JSON reply to one API request; None for subjects that are not ours."""
         if not subject.startswith(self._prefix + "."):
             return None
         tokens = subject[len(self._prefix) + 1 :].split(".")
+        answer = await self._answer(tokens, body)
+        if answer is not None:
+            # The server counts every API request it answers, and those it answers with an
+            # error, in INFO's `api` totals (this one included).
+            self._answered += 1
+            if b'"error":{' in answer:
+                self._errors += 1
+        return answer
+
+    async def _answer(self, tokens: list[str], body: bytes) -> bytes | None:
+        if tokens == ["INFO"]:
+            streams, consumers = await self._service.account_counts()
+            return p.account_info(streams, consumers, self._answered + 1, self._errors)
         if tokens == ["STREAM", "NAMES"]:
             return await self._stream_names(body)
         if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "INFO"]:

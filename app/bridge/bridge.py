@@ -164,6 +164,7 @@ class Bridge:
         queue = config.queue_group
         api = config.api_prefix
         for subject in (
+            f"{api}.INFO",
             f"{api}.STREAM.NAMES",
             f"{api}.CONSUMER.INFO.*.*",
             f"{api}.CONSUMER.CREATE.>",

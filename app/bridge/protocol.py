@@ -560,6 +560,10 @@ def subjects_overlap(a: str, b: str) -> bool:
 INFO_TYPE = "io.nats.jetstream.api.v1.consumer_info_response"
 CREATE_TYPE = "io.nats.jetstream.api.v1.consumer_create_response"
 NAMES_TYPE = "io.nats.jetstream.api.v1.stream_names_response"
+ACCOUNT_TYPE = "io.nats.jetstream.api.v1.account_info_response"
+# The JetStream API level nats-server 2.15 reports; clients read it to pick the requests they
+# may send (2.15.1 answers 5).
+API_LEVEL = 5
 
 
 def rfc3339(moment: datetime) -> str:
@@ -588,6 +592,32 @@ def stream_not_found(kind: str) -> bytes:
 
 def consumer_not_found(kind: str) -> bytes:
     return api_error(kind, 404, 10014, "consumer not found")
+
+
+def account_info(streams: int, consumers: int, api_total: int, api_errors: int) -> bytes:
+    """`$JS.API.INFO`, shaped as nats-server 2.15 writes it. Jobs live in the database, not in
+    JetStream's memory or files, so those are 0; no limit is set (-1, the server's "none")."""
+    document = {
+        "type": ACCOUNT_TYPE,
+        "memory": 0,
+        "storage": 0,
+        "reserved_memory": 0,
+        "reserved_storage": 0,
+        "streams": streams,
+        "consumers": consumers,
+        "limits": {
+            "max_memory": -1,
+            "max_storage": -1,
+            "max_streams": -1,
+            "max_consumers": -1,
+            "max_ack_pending": -1,
+            "memory_max_stream_bytes": -1,
+            "storage_max_stream_bytes": -1,
+            "max_bytes_required": False,
+        },
+        "api": {"level": API_LEVEL, "total": api_total, "errors": api_errors},
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def stream_names(names: Sequence[str], offset: int = 0, limit: int = 1024) -> bytes:

@@ -99,6 +99,11 @@ class BridgeService:
                 return Lookup(True, None)
             return Lookup(True, await ConsumerStore(tx).get(channel_id, consumer_id))
 
+    async def account_counts(self) -> tuple[int, int]:
+        """Streams and consumers as JetStream counts them: channels, and pull consumers."""
+        async with self._db.transaction() as tx:
+            return await BridgeStore(tx).account_counts()
+
     async def channel_ids(self) -> list[str]:
         async with self._db.transaction() as tx:
             return await BridgeStore(tx).channel_ids()

@@ -16,9 +16,10 @@ from sqlalchemy import ColumnElement, Sequence, case, func, select, tuple_, upda
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.jobs import JobStatus
+from app.domain.models import ConsumerType
 from app.store.db import Tx, now
 from app.store.jobs import status_in, status_is
-from app.store.schema import bridge_consumer, bridge_counter, channel, job
+from app.store.schema import bridge_consumer, bridge_counter, channel, consumer, job
 
 # The one database sequence behind every delivery's consumer_seq (migration 0002_bridge).
 delivery_seq = Sequence("bridge_delivery_seq")
@@ -145,6 +146,17 @@ class BridgeStore:
             )
         )
         return int(result.rowcount or 0)
+
+    async def account_counts(self) -> tuple[int, int]:
+        """Channels, and pull consumers (the ones a JetStream client can bind to)."""
+        query = select(
+            select(func.count()).select_from(channel).scalar_subquery(),
+            select(func.count())
+            .where(consumer.c.type == ConsumerType.PULL.value)
+            .scalar_subquery(),
+        )
+        streams, consumers = (await self._tx.conn.execute(query)).one()
+        return int(streams), int(consumers)
 
     async def channel_ids(self) -> list[str]:
         rows = await self._tx.conn.execute(select(channel.c.id).order_by(channel.c.id))

@@ -301,6 +301,41 @@ async def test_api_errors_match_jetstream(
     assert actual == expected
 
 
+async def account_info(url: str) -> dict[str, Any]:
+    """`$JS.API.INFO` twice (the second sees the first in its API totals), and what nats-py's
+    account_info() makes of it."""
+    nc = await nats.connect(url)
+    try:
+        await nc.request("$JS.API.INFO", b"", timeout=5)
+        raw: dict[str, Any] = json.loads((await nc.request("$JS.API.INFO", b"", timeout=5)).data)
+        info = await nc.jetstream().account_info()
+    finally:
+        await nc.close()
+    assert info.limits is not None and info.api is not None
+    assert (info.streams, info.consumers) == (raw["streams"], raw["consumers"])
+    return raw
+
+
+@pytest.mark.parametrize("mode", ["client", "hybrid"])
+@uncapped_only
+async def test_account_info_is_shaped_as_jetstream(
+    mode: str, jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory
+) -> None:
+    """Clients ask `$JS.API.INFO` before anything else (the JavaScript client's
+    jetstreamManager fails without an answer): the bridge answers it as the server does, with
+    channels as streams and pull consumers as consumers."""
+    expected = await account_info(jetstream_server.url)
+    await make_bridge(mode)
+    actual = await account_info(hub.url)
+    assert actual.keys() == expected.keys()
+    assert actual["limits"] == expected["limits"]
+    assert actual["type"] == expected["type"] == "io.nats.jetstream.api.v1.account_info_response"
+    assert actual["api"]["level"] == expected["api"]["level"]
+    assert actual["api"]["total"] == 2 and actual["api"]["errors"] == 0  # this bridge's own
+    # The seed: channels orders and hooks; one pull consumer (workers) and one push (mailer).
+    assert (actual["streams"], actual["consumers"]) == (2, 1)
+
+
 @uncapped_only
 async def test_create_and_push_consumers(hub: NatsServer, make_bridge: BridgeFactory) -> None:
     await make_bridge("client")
