@@ -1,5 +1,5 @@
-"""Statements only the NATS bridge needs: the delivery sequence, per-consumer delivery state,
-and releasing a claim that could not be delivered.
+"""Statements only the NATS bridge needs: per-consumer delivery state, and releasing a claim
+that could not be delivered (deliveries are numbered by the claim, app/store/queue.py).
 
 Claims, acks, naks, terms and lease extensions are NOT here: the bridge uses JobStore's
 statements for those, like every other entry point.
@@ -12,17 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Sequence, case, func, select, tuple_, update
+from sqlalchemy import ColumnElement, case, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.jobs import JobStatus
 from app.domain.models import ConsumerType
 from app.store.db import Tx, now
 from app.store.jobs import status_in, status_is
-from app.store.schema import bridge_consumer, bridge_counter, channel, consumer, job
-
-# The one database sequence behind every delivery's consumer_seq (migration 0002_bridge).
-delivery_seq = Sequence("bridge_delivery_seq")
+from app.store.schema import bridge_consumer, channel, consumer, job
 
 QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
@@ -44,22 +41,6 @@ class BridgeStore:
     def __init__(self, tx: Tx) -> None:
         self._tx = tx
         self._now = now(tx.dialect)
-
-    async def next_delivery_seqs(self, count: int) -> list[int]:
-        """`count` fresh delivery sequence numbers, ascending."""
-        if count <= 0:
-            return []
-        if self._tx.dialect == "postgresql":
-            query = select(delivery_seq.next_value()).select_from(func.generate_series(1, count))
-            return sorted(int(v) for v in (await self._tx.conn.execute(query)).scalars())
-        bump = (
-            update(bridge_counter)
-            .where(bridge_counter.c.name == "delivery")
-            .values(value=bridge_counter.c.value + count)
-            .returning(bridge_counter.c.value)
-        )
-        last = int((await self._tx.conn.execute(bump)).scalar_one())
-        return list(range(last - count + 1, last + 1))
 
     async def record_delivery(self, consumer_pk: int, last_seq: int, last_stream_seq: int) -> None:
         """Remember the newest delivery of a consumer (never moves backwards)."""

@@ -176,20 +176,25 @@ PULLED_COLUMNS = tuple(
 )
 PULLED_WIDTH = len(PULLED_COLUMNS)
 
-# The NATS bridge numbers its deliveries: one sequence value per claimed job, and the
-# consumer's newest delivery remembered (never moving backwards).
-NUMBERED = """, numbers AS (
-    SELECT claimed.id, nextval('bridge_delivery_seq') AS seq FROM claimed
-), recorded AS (
+# The NATS bridge numbers its deliveries per consumer (1, 2, 3 ... as JetStream does): the
+# consumer's counter moves on by the number claimed, and each job, in queue order, takes its
+# number below the new value. The upsert locks the consumer's counter row, so claims of one
+# consumer running side by side number one after the other (the second reads the first's
+# committed value), and claims of different consumers never meet.
+NUMBERED = """, counter AS (
     INSERT INTO bridge_consumer (consumer_pk, last_delivery_seq, last_stream_seq,
                                  last_delivered_at)
-    SELECT (SELECT pk FROM named), max(seq), (SELECT max(id) FROM claimed), now()
-    FROM numbers HAVING count(*) > 0
+    SELECT (SELECT pk FROM named), n, (SELECT max(id) FROM claimed), now()
+    FROM counted WHERE n > 0
     ON CONFLICT (consumer_pk) DO UPDATE SET
-        last_delivery_seq = greatest(excluded.last_delivery_seq,
-                                     bridge_consumer.last_delivery_seq),
+        last_delivery_seq = bridge_consumer.last_delivery_seq + excluded.last_delivery_seq,
         last_stream_seq = greatest(excluded.last_stream_seq, bridge_consumer.last_stream_seq),
         last_delivered_at = excluded.last_delivered_at
+    RETURNING last_delivery_seq
+), numbers AS (
+    SELECT claimed.id, (SELECT last_delivery_seq FROM counter) - (SELECT n FROM counted)
+        + row_number() OVER (ORDER BY claimed.priority DESC, claimed.id) AS seq
+    FROM claimed
 )"""
 
 
@@ -547,7 +552,8 @@ async def _sqlite_claim(
     seqs: list[int] = []
     if numbered:
         bridge = BridgeStore(tx)
-        seqs = await bridge.next_delivery_seqs(len(pulled))
+        last_seq, _ = await bridge.last_sequences(pks[0])
+        seqs = list(range(last_seq + 1, last_seq + len(pulled) + 1))
         await bridge.record_delivery(pks[0], seqs[-1], max(j.id for j in pulled))
     return Claimed(pulled, pending, seqs)
 

@@ -179,19 +179,8 @@ archive_batch_message = Table(
 )
 
 # -- NATS bridge (migration 0002_bridge) -- BEGIN bridge tables ---------------------------------
-# Delivery sequence numbers (the `consumer_seq` of ack subjects) come from ONE database
-# sequence, `bridge_delivery_seq` (app/store/bridge.py), so every bridge process hands out
-# distinct numbers. SQLite has no sequences: there the counter is the row `delivery` of
-# bridge_counter, bumped by one UPDATE ... RETURNING. The table exists on both dialects so the
-# schema is the same everywhere.
-bridge_counter = Table(
-    "bridge_counter",
-    metadata,
-    Column("name", String(64), primary_key=True),
-    Column("value", BigInteger(), nullable=False, server_default="0"),
-)
-
-# Per pull consumer: the last delivery handed out (CONSUMER.INFO `delivered`, heartbeats).
+# Per pull consumer: the last delivery handed out (CONSUMER.INFO `delivered`, heartbeats);
+# `last_delivery_seq` is also the counter the claim numbers deliveries from (migration 0003).
 bridge_consumer = Table(
     "bridge_consumer",
     metadata,

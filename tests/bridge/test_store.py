@@ -15,9 +15,9 @@ from app.config import ConfigError, NatsConfig, load_config_text
 from app.domain.jobs import AckType, JobStatus
 from app.domain.pulls import AckItem, AckResult
 from app.runtime import Runtime
+from app.services.admin import ConsumerForm
 from app.services.bridge import BridgeService
 from app.services.publishing import Broadcast
-from app.store.bridge import BridgeStore
 from app.store.jobs import JobStore
 from app.store.migrate import alembic_config
 from app.store.schema import job
@@ -59,20 +59,32 @@ async def publish(runtime: Runtime, count: int) -> None:
         )
 
 
-@uncapped_only
-async def test_delivery_sequence_is_shared_and_gapless_per_call(both: Runtime) -> None:
-    async def take(count: int) -> list[int]:
-        async with both.db.transaction() as tx:
-            return await BridgeStore(tx).next_delivery_seqs(count)
-
-    first = await take(3)
-    assert first == [1, 2, 3]
-    assert await take(0) == []
-    # Concurrent callers never get the same number.
-    batches = await asyncio.gather(*(take(5) for _ in range(8)))
-    numbers = [n for batch in batches for n in batch]
-    assert len(set(numbers)) == 40 and min(numbers) == 4
-    assert all(batch == sorted(batch) for batch in batches)
+async def test_delivery_sequences_are_per_consumer_and_gapless(both: Runtime) -> None:
+    """Each consumer numbers its deliveries 1, 2, 3 ... as JetStream does, whatever another
+    consumer of the channel took; claims of one consumer side by side never share a number."""
+    await both.admin.put_consumer(
+        "orders", "other", ConsumerForm("other-token", None, None, "pull"), None
+    )
+    service = BridgeService(
+        both.db, both.queue, both.pulls, both.acks, both.config.broker.retry_policy
+    )
+    workers = (await service.lookup("orders", "workers")).consumer
+    other = (await service.lookup("orders", "other")).consumer
+    assert workers is not None and other is not None
+    await publish(both, 3)
+    first = await service.claim(workers, 2)
+    assert [d.seq for d in first.deliveries] == [1, 2]
+    assert first.last_seq == 2
+    assert [d.seq for d in (await service.claim(other, 3)).deliveries] == [1, 2, 3]
+    assert [d.seq for d in (await service.claim(workers, 5)).deliveries] == [3]
+    await publish(both, 40)
+    batches = await asyncio.gather(*(service.claim(workers, 5) for _ in range(8)))
+    numbers = [d.seq for batch in batches for d in batch.deliveries]
+    assert sorted(numbers) == list(range(4, 44))
+    for batch in batches:  # each claim's numbers follow its queue order
+        assert [d.seq for d in batch.deliveries] == sorted(d.seq for d in batch.deliveries)
+    state = (await service.snapshot(workers)).state
+    assert state.last_delivery_seq == 43
 
 
 async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
