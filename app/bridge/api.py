@@ -98,6 +98,8 @@ class ApiHandler:
         if tokens == ["STREAM", "NAMES"]:
             return await self._stream_names(body)
         if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "INFO"]:
+            if not _empty_request(body):
+                return p.api_error(p.INFO_TYPE, 400, 10038, "expected an empty request payload")
             return await self._info(tokens[2], tokens[3], p.INFO_TYPE)
         if len(tokens) >= 3 and tokens[:2] == ["CONSUMER", "CREATE"]:
             return await self._create(tokens[2], tokens[3] if len(tokens) > 3 else None, body)
@@ -203,6 +205,17 @@ class ApiHandler:
         if consumer.type is not ConsumerType.PULL:
             return _push_error(kind, consumer)
         return await self.info_document(consumer, kind)
+
+
+def _empty_request(body: bytes) -> bool:
+    """As nats-server reads a request that takes no payload: nothing, or an empty JSON object."""
+    if not body:
+        return True
+    try:
+        parsed: object = json.loads(body)
+    except ValueError:
+        return False
+    return parsed == {}
 
 
 def _push_error(kind: str, consumer: Consumer) -> bytes:

@@ -441,9 +441,13 @@ class ConsumerPump:
         if not plain:
             await self._give_back()
         else:
-            drained = False
             if self._ahead is not None:
-                drained = await self._take_ahead(loop)
+                # Whatever the claim ahead found is older than the wake-up that brought us
+                # here: a queue it saw drained may have jobs again (a NAK'd job falling due, a
+                # publish), so the requests still short claim afresh below, and that claim
+                # says when the next job falls due.
+                await self._take_ahead(loop)
+            drained = False
             await self._release(self._stale_ready(loop.time()))
             wanted = sum(w.batch_left for w in plain)
             if not drained and len(self._ready) < wanted:
@@ -503,12 +507,11 @@ class ConsumerPump:
         service = self.engine.service
         return list(await asyncio.gather(*(service.claim(self.consumer, n) for n in sizes)))
 
-    async def _take_ahead(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Wait for the claims started ahead and add them to the ready deliveries; True when
-        they found the queue drained."""
+    async def _take_ahead(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for the claims started ahead and add them to the ready deliveries."""
         assert self._ahead is not None
         (sizes, claims), self._ahead = self._ahead, None
-        return self._keep(sizes, await claims, loop)
+        self._keep(sizes, await claims, loop)
 
     def _keep(
         self, sizes: list[int], batches: list[ClaimBatch], loop: asyncio.AbstractEventLoop

@@ -149,7 +149,8 @@ class AckService:
             result = AckResult.EXTENDED if kind is AckType.PROGRESS else DONE
             for j in changed:
                 outcomes[j.id] = AckOutcome(j.id, result, "", j.lease_expires_at)
-        unique = [item for index, item in enumerate(items) if index not in set(repeated)]
+        skipped = set(repeated)
+        unique = [item for index, item in enumerate(items) if index not in skipped]
         for outcome in await _explained(store, consumer, unique, set(outcomes)):
             outcomes.setdefault(outcome.id, outcome)
         if requeued:
