@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from app.domain.errors import NotFound
 from app.domain.jobs import AckType
-from app.domain.models import ClaimedJob, PulledJob
+from app.domain.models import PulledJob
 
 # Job ids are BIGINT: anything larger names no job.
 MAX_JOB_ID = 2**63 - 1
@@ -48,10 +48,6 @@ class PullRequest:
 class PullResult:
     jobs: list[PulledJob]
     pending: int
-
-    @classmethod
-    def of(cls, claimed: list[ClaimedJob], pending: int) -> PullResult:
-        return cls([PulledJob.of(c) for c in claimed], pending)
 
 
 class AckItem(NamedTuple):

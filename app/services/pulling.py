@@ -38,10 +38,6 @@ class PullService:
         self._limits = limits
         self._draining = False
 
-    @property
-    def limits(self) -> PullLimits:
-        return self._limits
-
     def drain(self) -> None:
         """Shutting down: waiting pulls return at once with whatever they have."""
         self._draining = True
