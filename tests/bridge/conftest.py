@@ -4,6 +4,8 @@ PostgreSQL database, and bridges started in-process in either transport mode."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -16,7 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 
+from app.bridge import protocol as p
 from app.bridge.bridge import Bridge
 from app.config import Config, NatsConfig
 from app.runtime import Runtime
@@ -247,6 +252,34 @@ async def make_bridge(
     for bridge, bridge_runtime in reversed(started):
         await bridge.stop()
         await bridge_runtime.stop()
+
+
+async def reference_consumer(nc: Client, *, ack_wait: int, max_ack_pending: int) -> None:
+    """Stream `orders` and pull consumer `workers` on real JetStream, configured as the bridge
+    reports its consumer, limits included (created with a raw API request: nats-py's
+    ConsumerConfig has no max_batch / max_expires)."""
+    js = nc.jetstream()
+    with contextlib.suppress(NotFoundError):
+        await js.delete_stream("orders")
+    await js.add_stream(name="orders", subjects=["orders"])
+    config = {
+        "durable_name": "workers",
+        "name": "workers",
+        "ack_policy": "explicit",
+        "ack_wait": ack_wait * p.NANOS,
+        "max_deliver": MAX_RETRY + 1,
+        "max_ack_pending": max_ack_pending,
+        "max_waiting": 512,
+        "max_batch": 256,
+        "max_expires": 300 * p.NANOS,
+        "filter_subject": "orders",
+    }
+    created = await nc.request(
+        "$JS.API.CONSUMER.CREATE.orders.workers.orders",
+        json.dumps({"stream_name": "orders", "config": config}).encode(),
+        timeout=5,
+    )
+    assert "error" not in json.loads(created.data), created.data
 
 
 PUBLISH_HEADERS = {

@@ -11,7 +11,6 @@ bridge; each observation is then its own test, so a known difference is one stri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,15 +23,14 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NotFoundError
 
 from app.bridge import protocol as p
 from app.runtime import Runtime
 from tests.bridge.conftest import (
-    MAX_RETRY,
     BridgeFactory,
     NatsServer,
     publish_http,
+    reference_consumer,
     seed,
     uncapped_only,
 )
@@ -424,29 +422,7 @@ async def jetstream_run(server: NatsServer) -> dict[str, Any]:
         return _runs["jetstream"]
     nc = await nats.connect(server.url)
     js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream("orders")
-    await js.add_stream(name="orders", subjects=["orders"])
-    # The consumer as the bridge reports it, limits included (a raw request: nats-py's
-    # ConsumerConfig has no max_batch / max_expires).
-    config = {
-        "durable_name": "workers",
-        "name": "workers",
-        "ack_policy": "explicit",
-        "ack_wait": ACK_WAIT * p.NANOS,
-        "max_deliver": MAX_RETRY + 1,
-        "max_ack_pending": -1,
-        "max_waiting": 512,
-        "max_batch": 256,
-        "max_expires": 300 * p.NANOS,
-        "filter_subject": "orders",
-    }
-    created = await nc.request(
-        "$JS.API.CONSUMER.CREATE.orders.workers.orders",
-        json.dumps({"stream_name": "orders", "config": config}).encode(),
-        timeout=5,
-    )
-    assert "error" not in json.loads(created.data), created.data
+    await reference_consumer(nc, ack_wait=ACK_WAIT, max_ack_pending=-1)
 
     async def publish(names: list[str]) -> None:
         for name in names:

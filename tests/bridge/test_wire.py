@@ -23,10 +23,10 @@ from app.runtime import Runtime
 from app.store.jobs import JobStore
 from tests.bridge.conftest import (
     ACK_WAIT,
-    MAX_RETRY,
     BridgeFactory,
     NatsServer,
     publish_http,
+    reference_consumer,
     uncapped_only,
 )
 
@@ -171,32 +171,10 @@ async def jetstream_reference(server: NatsServer) -> dict[str, Any]:
         return _reference["wire"]
     nc = await nats.connect(server.url)
     js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream("orders")
-    await js.add_stream(name="orders", subjects=["orders"])
-    # The consumer as the bridge reports it, limits included (nats-py's ConsumerConfig has no
-    # max_batch / max_expires, so it is created with a raw API request). One reference serves
-    # both variants of the broker's consumer: the scenario never has more than three jobs
-    # outstanding, so max_ack_pending (1000 here, no limit when uncapped) never binds, and it
-    # reads no consumer info.
-    config = {
-        "durable_name": "workers",
-        "name": "workers",
-        "ack_policy": "explicit",
-        "ack_wait": ACK_WAIT * p.NANOS,
-        "max_deliver": MAX_RETRY + 1,
-        "max_ack_pending": 1000,
-        "max_waiting": 512,
-        "max_batch": 256,
-        "max_expires": 300 * p.NANOS,
-        "filter_subject": "orders",
-    }
-    created = await nc.request(
-        "$JS.API.CONSUMER.CREATE.orders.workers.orders",
-        json.dumps({"stream_name": "orders", "config": config}).encode(),
-        timeout=5,
-    )
-    assert "error" not in json.loads(created.data), created.data
+    # One reference serves both variants of the broker's consumer: the scenario never has
+    # more than three jobs outstanding, so max_ack_pending (1000 here, no limit when
+    # uncapped) never binds, and it reads no consumer info.
+    await reference_consumer(nc, ack_wait=ACK_WAIT, max_ack_pending=1000)
 
     async def publish(names: list[str]) -> None:
         for name in names:
