@@ -13,11 +13,13 @@ from app.dispatch.dispatcher import Dispatcher, close_quietly, http_client
 from app.domain.pulls import PullLimits
 from app.services.acking import AckService
 from app.services.admin import AdminService
+from app.services.claiming import ClaimSource
 from app.services.health import HealthService
 from app.services.messages import MessageQueries
 from app.services.publishing import PublishingService
 from app.services.pulling import PullService
 from app.services.push import PushService
+from app.services.scheduler import PullScheduler
 from app.services.seed_jobs import SeedJobService
 from app.services.seeding import apply_seed
 from app.services.signals import Signals
@@ -54,11 +56,20 @@ class Runtime:
         )
         self.messages = MessageQueries(self.db)
         self.health = HealthService(self.db)
+        self.claims = ClaimSource(self.db, self.queue, ack_wait)
+        # One scheduler for every waiting pull of the process: HTTP long polls and the NATS
+        # bridge's requests share max_waiting and each consumer's claims.
+        self.scheduler = PullScheduler(
+            self.claims,
+            self.signals,
+            max_claim=config.pull.max_batch,
+            max_waiting=config.pull.max_waiting,
+        )
         self.pulls = PullService(
             self.db,
             self.queue,
-            self.signals,
-            ack_wait,
+            self.claims,
+            self.scheduler,
             PullLimits(
                 max_batch=config.pull.max_batch,
                 max_expires_seconds=config.pull.max_expires_seconds,
@@ -117,6 +128,7 @@ class Runtime:
 
     async def stop(self) -> None:
         self._stop.set()
+        await self.scheduler.close()
         if self._tasks:
             done, pending = await asyncio.wait(self._tasks, timeout=10)
             for task in pending:

@@ -231,6 +231,6 @@ async def until_waiting(rt: Runtime, pk: int, count: int = 1, within: float = 10
     """Let the event loop run until `count` requests wait on the consumer's queue."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    while rt.signals.waiting(pk) < count:
-        assert loop.time() < deadline, f"{rt.signals.waiting(pk)} waiting, expected {count}"
+    while rt.scheduler.waiting(pk) < count:
+        assert loop.time() < deadline, f"{rt.scheduler.waiting(pk)} waiting, expected {count}"
         await asyncio.sleep(0.005)

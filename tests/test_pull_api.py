@@ -448,7 +448,7 @@ async def test_max_waiting_refuses_one_waiter_too_many(
     assert all(r.status_code == 200 for r in results)
     assert sum(len(r.json()["Jobs"]) for r in results) == 3
     # Once they are gone, waiting is allowed again.
-    assert runtime.signals.waiting(pk) == 0
+    assert runtime.scheduler.waiting(pk) == 0
     assert (await pull(client, k1, expires=0.2)).status_code == 200
 
 

@@ -80,7 +80,7 @@ class Bridge:
         self.name = name or "webhook-broker-bridge"
         broker = runtime.config
         self.service = BridgeService(
-            runtime.db, runtime.queue, runtime.pulls, runtime.acks, broker.broker.retry_policy
+            runtime.db, runtime.claims, runtime.acks, broker.broker.retry_policy
         )
         self.cache = ConsumerCache(self.service)
         self.nc = NatsClient()
@@ -107,15 +107,12 @@ class Bridge:
         pull = broker.pull
         max_expires = pull.max_expires_seconds * p.NANOS
         self.engine = PullEngine(
-            self.service,
-            runtime.signals,
+            runtime.scheduler,
             self.out,
             self.ack_prefix,
             EngineLimits(
                 max_batch=pull.max_batch,
                 max_expires=max_expires,
-                max_waiting=pull.max_waiting,
-                max_claim=pull.max_batch,
                 # A plain client cannot see a requester leave: cap requests with no expiry.
                 unbounded_cap=None if self.hybrid else float(pull.max_expires_seconds),
             ),

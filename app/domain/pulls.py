@@ -50,6 +50,50 @@ class PullResult:
     pending: int
 
 
+class Delivery(NamedTuple):
+    """One claimed job on its way to a waiting request."""
+
+    job: PulledJob
+    seq: int  # the delivery (consumer) sequence number; 0 when the claim was not numbered
+    pending: int  # due jobs not yet delivered after this one
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    deliveries: list[Delivery]
+    due: int  # due jobs left after the claim, counted up to the store's cap
+    last_seq: int
+    last_stream_seq: int
+
+    @classmethod
+    def numbered(cls, claimed: list[PulledJob], due: int, seqs: list[int] | None) -> ClaimBatch:
+        count = len(claimed)
+        numbers = seqs if seqs else [0] * count
+        deliveries = [
+            Delivery(job, seq, due + count - 1 - index)
+            for index, (job, seq) in enumerate(zip(claimed, numbers, strict=True))
+        ]
+        return cls(
+            deliveries,
+            due,
+            numbers[-1] if numbers else 0,
+            max((job.id for job in claimed), default=0),
+        )
+
+
+class PullEnd(enum.Enum):
+    """How a waiting pull request ended; each transport says it its own way."""
+
+    FILLED = "batch filled"
+    DELIVERED = "delivered"  # a request that ends with its first hand-out (HTTP long poll)
+    EXPIRED = "expired"
+    NO_MESSAGES = "no messages"  # no_wait, and nothing (more) is due
+    TOO_LARGE = "next job exceeds max_bytes"
+    BYTES_LEFT = "batch filled within max_bytes"  # filled with byte budget to spare
+    CONSUMER_DELETED = "consumer deleted"
+    DROPPED = "dropped"  # nobody to answer: requester gone, link down, shutting down
+
+
 class AckItem(NamedTuple):
     id: int
     type: AckType

@@ -10,7 +10,7 @@ class HealthService:
         self._db = db
 
     async def database(self) -> str:
-        """"ok", or "unreachable: <error type>" (never the error's text, which may hold the
+        """ "ok", or "unreachable: <error type>" (never the error's text, which may hold the
         connection URL)."""
         try:
             await self._db.ping()

@@ -130,9 +130,7 @@ class PublishingService:
                 tx, channel_id, request.channel_token, request.producer_id, request.producer_token
             )
             if message_id is not None and await MessageStore(tx).get(channel_id, message_id):
-                raise Conflict(
-                    f"message {message_id!r} already exists in channel {channel_id!r}"
-                )
+                raise Conflict(f"message {message_id!r} already exists in channel {channel_id!r}")
 
     def _fields(self, request: Broadcast) -> PublishFields:
         """The message as it will be stored; InvalidInput or PayloadTooLarge if it cannot be."""

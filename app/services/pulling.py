@@ -1,25 +1,63 @@
-"""Pulls: batch claims with long polling, for the HTTP pull API (the NATS bridge claims
-through BridgeService, on the same Queue statement)."""
+"""Pulls over HTTP: a pull that finds work is one claim statement; one that waits joins the
+shared pull scheduler (app/services/scheduler.py) beside the bridge's JetStream requests."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from datetime import UTC, datetime
+from collections.abc import Hashable
 
 from app.domain.errors import InvalidInput, TooManyWaiting
-from app.domain.models import Consumer, ConsumerType
-from app.domain.pulls import ConsumerCredentials, PullLimits, PullRequest, PullResult
+from app.domain.models import Consumer, PulledJob
+from app.domain.pulls import (
+    ConsumerCredentials,
+    Delivery,
+    PullEnd,
+    PullLimits,
+    PullRequest,
+    PullResult,
+)
 from app.services.auth import pull_consumer
-from app.services.signals import Signals
+from app.services.claiming import ClaimSource
+from app.services.scheduler import PullScheduler, Waiter
 from app.store.db import Database
-from app.store.jobs import JobStore
-from app.store.queue import Claimed, Named, Queue
-from app.store.stakeholders import ConsumerStore
+from app.store.queue import Named, Queue
 
-# A waiter whose next job falls due later re-checks no sooner than this, so clock skew between
-# the database and this process can never turn waiting into a busy loop.
-MIN_RECHECK_SECONDS = 0.05
+
+class Collected:
+    """The scheduler's sink for an in-process caller: the jobs, once the request ends."""
+
+    numbered = False
+    claims_ahead = False
+    outlet: Hashable = None
+
+    def __init__(self) -> None:
+        self.jobs: list[PulledJob] = []
+        self.pending = 0
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def alive(self) -> bool:
+        return not self.done.done()
+
+    def ready(self) -> bool:
+        return True
+
+    def offer(self, consumer: Consumer, delivery: Delivery, bytes_left: int | None) -> int | None:
+        # A byte budget is kept by the claim statement itself (it counts payload bytes).
+        self.jobs.append(delivery.job)
+        self.pending = delivery.pending
+        return len(delivery.job.payload)
+
+    def end(self, outcome: PullEnd, waiter: Waiter, pending: int) -> None:
+        if not self.jobs:
+            self.pending = pending
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def heartbeat(self, last_seq: int, last_stream_seq: int) -> None:
+        pass
+
+    async def flush(self) -> None:
+        pass
 
 
 class PullService:
@@ -27,24 +65,19 @@ class PullService:
         self,
         db: Database,
         queue: Queue,
-        signals: Signals,
-        default_ack_wait: int,
+        claims: ClaimSource,
+        scheduler: PullScheduler,
         limits: PullLimits,
     ) -> None:
         self._db = db
         self._queue = queue
-        self._signals = signals
-        self._default_ack_wait = default_ack_wait
+        self._claims = claims
+        self._scheduler = scheduler
         self._limits = limits
-        self._draining = False
 
     def drain(self) -> None:
         """Shutting down: waiting pulls return at once with whatever they have."""
-        self._draining = True
-        self._signals.wake_all()
-
-    def ack_wait(self, consumer: Consumer) -> int:
-        return consumer.ack_wait_seconds or self._default_ack_wait
+        self._scheduler.drain()
 
     def validate(self, request: PullRequest) -> None:
         limits = self._limits
@@ -68,79 +101,60 @@ class PullService:
     async def pull(self, creds: ConsumerCredentials, request: PullRequest) -> PullResult:
         """A pull that finds work is one statement; the credentials are checked inside it."""
         self.validate(request)
+        waits = not request.no_wait and request.expires > 0 and not self._scheduler.draining
         if creds.complete:
             assert creds.channel_token is not None and creds.consumer_token is not None
             named = Named.by_credentials(
                 creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
             )
-            claimed = await self._claim(named, request, None)
+            claimed = await self._queue.claim(
+                named,
+                limit=request.batch,
+                default_ack_wait=self._claims.default_ack_wait,
+                incremental_timeout=request.incremental_timeout,
+                max_bytes=request.max_bytes,
+            )
             if claimed.jobs:
                 return PullResult(claimed.jobs, claimed.pending)
         # Nothing claimed: bad credentials (raised here), a capped consumer (its claim needs
         # a lock), or nothing due, when only a pull that waits goes on.
         consumer = await self.authenticate(creds)
-        uncapped = consumer.max_ack_pending is None
-        if uncapped and creds.complete and (request.no_wait or request.expires <= 0):
-            return PullResult([], 0)
-        return await self.pull_for(consumer, request)
+        capped = consumer.max_ack_pending is not None
+        if not waits:
+            if not capped and creds.complete:
+                return PullResult([], 0)
+            batch = await self._claims.claim(
+                consumer,
+                request.batch,
+                numbered=False,
+                max_bytes=request.max_bytes,
+                incremental_timeout=request.incremental_timeout,
+            )
+            return PullResult([d.job for d in batch.deliveries], batch.due)
+        return await self.wait(consumer, request)
 
-    async def pull_for(self, consumer: Consumer, request: PullRequest) -> PullResult:
-        """Claim up to `batch` jobs, waiting up to `expires` seconds for the first one."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + request.expires
-        waits = not request.no_wait and request.expires > 0
-        if waits and self._signals.waiting(consumer.pk) >= self._limits.max_waiting:
+    async def wait(self, consumer: Consumer, request: PullRequest) -> PullResult:
+        """Join the scheduler: up to `batch` jobs, ending with the first hand-out or after
+        `expires` seconds."""
+        if self._scheduler.full(consumer.pk):
             raise TooManyWaiting(
                 f"{self._limits.max_waiting} pull requests are already waiting on this consumer"
             )
-        # Subscribe before the first claim so a publish between claim and wait is not missed.
-        with self._signals.subscribe(consumer.pk) as woken:
-            while True:
-                woken.clear()
-                claimed = await self._claim(
-                    Named(consumer.pk), request, consumer.max_ack_pending
-                )
-                if claimed.jobs:
-                    return PullResult(claimed.jobs, claimed.pending)
-                # Nothing: re-read the consumer, which a PUT may have changed (and woken us)
-                # or deleted, and when nothing is due, when the next job falls due.
-                async with self._db.transaction() as tx:
-                    fresh = await ConsumerStore(tx).get_by_pk(consumer.pk)
-                    next_due = (
-                        await JobStore(tx).next_due([consumer.pk])
-                        if claimed.pending == 0
-                        else None
-                    )
-                if fresh is None or fresh.type is not ConsumerType.PULL:
-                    return PullResult([], 0)
-                remaining = deadline - loop.time()
-                if not waits or remaining <= 0 or self._draining:
-                    return PullResult([], claimed.pending)
-                if _claims_differently(fresh, consumer):
-                    consumer = fresh
-                    continue
-                timeout = remaining
-                if next_due is not None:
-                    until_due = (next_due - datetime.now(UTC)).total_seconds()
-                    timeout = min(timeout, max(until_due, MIN_RECHECK_SECONDS))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), timeout=timeout)
-
-    async def _claim(
-        self, named: Named, request: PullRequest, max_ack_pending: int | None
-    ) -> Claimed:
-        return await self._queue.claim(
-            named,
-            limit=request.batch,
-            default_ack_wait=self._default_ack_wait,
+        sink = Collected()
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(
+            sink,
+            batch_left=request.batch,
+            bytes_left=request.max_bytes,
+            expires_given=False,
+            expires_at=loop.time() + request.expires,
             incremental_timeout=request.incremental_timeout,
-            max_bytes=request.max_bytes,
-            max_ack_pending=max_ack_pending,
+            ends_on_delivery=True,
         )
-
-
-def _claims_differently(fresh: Consumer, used: Consumer) -> bool:
-    return (fresh.max_ack_pending, fresh.ack_wait_seconds) != (
-        used.max_ack_pending,
-        used.ack_wait_seconds,
-    )
+        self._scheduler.submit(consumer, waiter)
+        try:
+            await asyncio.shield(sink.done)
+        finally:
+            if not sink.done.done():  # the caller went away: so does its request
+                self._scheduler.drop(lambda w: w is waiter)
+        return PullResult(sink.jobs, sink.pending)

@@ -37,9 +37,6 @@ class Signals:
             for event in events:
                 event.set()
 
-    def waiting(self, consumer_pk: int) -> int:
-        return len(self._waiters.get(consumer_pk, ()))
-
     @contextmanager
     def subscribe(self, consumer_pk: int) -> Iterator[asyncio.Event]:
         event = asyncio.Event()

@@ -476,9 +476,7 @@ async def _sqlite_named(tx: Tx, named: Named, *, capped: bool) -> Row[Any, Any, 
     """The consumer row NAMED selects on PostgreSQL, with the same conditions."""
     query = select(consumer.c.pk, consumer.c.ack_wait_seconds, consumer.c.max_ack_pending)
     if named.consumer_pk is not None:
-        query = query.where(
-            consumer.c.pk == named.consumer_pk, consumer.c.type == named.type.value
-        )
+        query = query.where(consumer.c.pk == named.consumer_pk, consumer.c.type == named.type.value)
     else:
         query = query.join(channel, channel.c.id == consumer.c.channel_id).where(
             channel.c.id == named.channel_id,
@@ -493,11 +491,15 @@ async def _sqlite_named(tx: Tx, named: Named, *, capped: bool) -> Row[Any, Any, 
 
 
 async def _sqlite_publish(tx: Tx, new: NewMessage) -> Published | None:
-    allowed = select(channel.c.id).join(producer, producer.c.id == new.producer_id).where(
-        and_(
-            channel.c.id == new.channel_id,
-            channel.c.token == new.channel_token,
-            producer.c.token == new.producer_token,
+    allowed = (
+        select(channel.c.id)
+        .join(producer, producer.c.id == new.producer_id)
+        .where(
+            and_(
+                channel.c.id == new.channel_id,
+                channel.c.token == new.channel_token,
+                producer.c.token == new.producer_token,
+            )
         )
     )
     if (await tx.conn.execute(allowed)).first() is None:
@@ -558,9 +560,7 @@ async def _sqlite_claim(
     return Claimed(pulled, pending, seqs)
 
 
-async def _sqlite_ack(
-    tx: Tx, named: Named, targets: Sequence[tuple[int, int | None]]
-) -> set[int]:
+async def _sqlite_ack(tx: Tx, named: Named, targets: Sequence[tuple[int, int | None]]) -> set[int]:
     row = await _sqlite_named(tx, named, capped=True)
     if row is None:
         return set()

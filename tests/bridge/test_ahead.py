@@ -13,9 +13,9 @@ import pytest
 from nats.aio.msg import Msg
 from sqlalchemy import text
 
-from app.bridge import engine
 from app.bridge.bridge import Bridge
 from app.runtime import Runtime
+from app.services import claim_ahead
 from tests.bridge.conftest import BridgeFactory, NatsServer, eventually, seed
 from tests.helpers_pull import bulk_publish
 
@@ -95,7 +95,7 @@ async def settled(bridge: Bridge, runtime: Runtime, delivered: int, queued: int)
 async def test_the_next_request_gets_jobs_claimed_ahead_and_the_rest_go_back(
     hub: NatsServer, make_bridge: BridgeFactory, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine, "READY_GRACE_SECONDS", 1.0)
+    monkeypatch.setattr(claim_ahead, "READY_GRACE_SECONDS", 1.0)
     bridge = await make_bridge("client", sweeper=False)
     await bulk_publish(runtime, 3 * BATCH, channel="orders", producer="shop")
     nc = await nats.connect(hub.url)

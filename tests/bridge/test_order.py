@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from app.bridge.engine import _in_stream_order
 from app.domain.models import PulledJob
-from app.services.bridge import Delivery
+from app.domain.pulls import Delivery
+from app.services.scheduler import _in_stream_order
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -65,9 +65,7 @@ async def test_delivery_sequences_are_per_consumer_and_gapless(both: Runtime) ->
     await both.admin.put_consumer(
         "orders", "other", ConsumerForm("other-token", None, None, "pull"), None
     )
-    service = BridgeService(
-        both.db, both.queue, both.pulls, both.acks, both.config.broker.retry_policy
-    )
+    service = BridgeService(both.db, both.claims, both.acks, both.config.broker.retry_policy)
     workers = (await service.lookup("orders", "workers")).consumer
     other = (await service.lookup("orders", "other")).consumer
     assert workers is not None and other is not None
@@ -88,9 +86,7 @@ async def test_delivery_sequences_are_per_consumer_and_gapless(both: Runtime) ->
 
 
 async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
-    service = BridgeService(
-        both.db, both.queue, both.pulls, both.acks, both.config.broker.retry_policy
-    )
+    service = BridgeService(both.db, both.claims, both.acks, both.config.broker.retry_policy)
     consumer = (await service.lookup("orders", "workers")).consumer
     assert consumer is not None and consumer.max_ack_pending == CAPS[cap]
     await publish(both, 3)
@@ -119,7 +115,7 @@ async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
     assert snapshot.stats.due == 2
     later = await service.claim(consumer, 5)
     assert [(d.job.id, d.job.attempt, d.seq) for d in later.deliveries] == [(2, 1, 3), (3, 1, 4)]
-    assert later.due == 0 and later.next_due_at is None
+    assert later.due == 0
     # A NAK that uses up the retries reports the job as dead.
     policy = both.config.broker.retry_policy
     for attempt in range(1, policy.max_retry + 2):
@@ -177,9 +173,7 @@ async def test_an_ack_the_database_refuses_is_dropped_alone(both: Runtime) -> No
     """A refused value (a NUL in a reason: PostgreSQL stores no NUL, SQLite does) costs only
     its own ack; the acks applied with it still apply (the bridge's ack queue once retried
     the whole batch forever)."""
-    service = BridgeService(
-        both.db, both.queue, both.pulls, both.acks, both.config.broker.retry_policy
-    )
+    service = BridgeService(both.db, both.claims, both.acks, both.config.broker.retry_policy)
     consumer = (await service.lookup("orders", "workers")).consumer
     assert consumer is not None
     await publish(both, 3)

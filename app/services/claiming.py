@@ -1,0 +1,75 @@
+"""What the pull scheduler serves waiting requests from: the Queue's claim statement run with
+a consumer's terms, the give-back of claims nobody received, and a fresh look at the
+consumer when a claim found nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from app.domain.models import Consumer
+from app.domain.pulls import ClaimBatch
+from app.store.bridge import BridgeStore
+from app.store.db import Database
+from app.store.jobs import JobStore
+from app.store.queue import Named, Queue
+from app.store.stakeholders import ConsumerStore
+
+
+class ClaimSource:
+    def __init__(self, db: Database, queue: Queue, default_ack_wait: int) -> None:
+        self._db = db
+        self._queue = queue
+        self._default_ack_wait = default_ack_wait
+
+    @property
+    def default_ack_wait(self) -> int:
+        return self._default_ack_wait
+
+    def ack_wait(self, consumer: Consumer) -> int:
+        return consumer.ack_wait_seconds or self._default_ack_wait
+
+    async def claim(
+        self,
+        consumer: Consumer,
+        limit: int,
+        *,
+        numbered: bool,
+        max_bytes: int | None = None,
+        incremental_timeout: int = 0,
+    ) -> ClaimBatch:
+        """Lease up to `limit` jobs with the shared claim statement; numbered claims give each
+        delivery the consumer's next sequence number (the NATS bridge's)."""
+        claimed = await self._queue.claim(
+            Named(consumer.pk),
+            limit=limit,
+            default_ack_wait=self._default_ack_wait,
+            incremental_timeout=incremental_timeout,
+            max_bytes=max_bytes,
+            max_ack_pending=consumer.max_ack_pending,
+            numbered=numbered,
+        )
+        return ClaimBatch.numbered(claimed.jobs, claimed.pending, claimed.seqs)
+
+    async def release(self, consumer_pk: int, targets: Sequence[tuple[int, int]]) -> None:
+        """Give back claims nobody received (no retry counted); other pullers are woken."""
+        if not targets:
+            return
+        async with self._db.transaction() as tx:
+            if await BridgeStore(tx).release(consumer_pk, targets):
+                tx.announce([consumer_pk])
+
+    async def recheck(
+        self, consumer_pk: int, *, next_due: bool
+    ) -> tuple[Consumer | None, datetime | None]:
+        """The consumer as it is now (None: deleted), and, when asked, when its next queued
+        job falls due (None: nothing queued)."""
+        async with self._db.transaction() as tx:
+            fresh = await ConsumerStore(tx).get_by_pk(consumer_pk)
+            due = await JobStore(tx).next_due([consumer_pk]) if next_due and fresh else None
+        return fresh, due
+
+    async def last_delivery(self, consumer_pk: int) -> tuple[int, int]:
+        """The consumer's last delivery sequence and last job id handed out (0, 0 before)."""
+        async with self._db.transaction() as tx:
+            return await BridgeStore(tx).last_sequences(consumer_pk)

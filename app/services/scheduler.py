@@ -1,0 +1,579 @@
+"""The pull scheduler: every waiting pull request of this process, HTTP long polls and NATS
+pull requests alike, held per consumer as plain data and served from shared claims.
+
+One `ConsumerQueue` per consumer with waiting requests. It follows what nats-server 2.15 does
+(protocol doc section 4): requests wait in arrival order and are served round-robin, one job
+at a time; a request ends when its batch is filled, when it expires, when a `no_wait` request
+finds the queue drained, when its byte budget runs out, or, for a request that asked for it
+(an HTTP long poll), with its first hand-out. Heartbeats and expiry run on loop timers, so
+they go out on time while a claim runs. Each transport hands in a `PullSink` per request and
+translates what the scheduler tells it (deliveries, heartbeats, how the request ended) into
+its own terms; the scheduler knows no status codes.
+
+Jobs are claimed only while some request has budget left, with one claim statement for the
+whole budget of the waiting requests (requests with terms of their own, a byte budget or an
+incremental lease, claim alone). A queue sleeps until a request arrives, one expires, a
+delayed job falls due, or a wake-up (PostgreSQL NOTIFY, in-process signal) says the
+consumer's queue changed: it never polls the table. When a round found nothing it looks at
+the consumer again (one read): a deleted consumer ends its requests, a changed one (ack
+wait, max ack pending) is claimed for with its new terms.
+
+Which waiting request the next job goes to is a `WaitPolicy` per consumer (round-robin by
+default): the seam where priority groups plug in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from app.domain.models import Consumer, ConsumerType
+from app.domain.pulls import ClaimBatch, Delivery, PullEnd
+from app.services import claim_ahead
+from app.services.claim_ahead import ClaimAhead, Sized
+from app.services.claiming import ClaimSource
+from app.services.signals import Signals
+
+log = logging.getLogger(__name__)
+
+# A queue whose next job falls due later re-checks no sooner than this (clock skew guard).
+MIN_RECHECK_SECONDS = 0.02
+# After a failed claim (database down), or while no requester can take a delivery.
+RETRY_SECONDS = 0.5
+# Claim statements one consumer's waiting requests may have running at once (each up to
+# max_claim jobs): only demand beyond one statement is split.
+PARALLEL_CLAIMS = 2
+# A queue whose requests are all answered stays this long for the next one (a consumer
+# pulling in a loop sends it within moments; a new queue would read its sequences again).
+LINGER_SECONDS = 5.0
+# How long closing waits for idle queues to give back what they claimed ahead.
+SETTLE_SECONDS = 5.0
+
+
+class PullSink(Protocol):
+    """Where one waiting request's deliveries and ending go: its transport."""
+
+    @property
+    def numbered(self) -> bool:
+        """Deliveries need the consumer's delivery sequence numbers (JetStream's)."""
+
+    @property
+    def claims_ahead(self) -> bool:
+        """The requester pulls in a loop: claim for its next request while this one is sent."""
+
+    @property
+    def outlet(self) -> Hashable:
+        """Sinks with the same outlet are flushed once (one connection)."""
+
+    def alive(self) -> bool:
+        """False once nobody can receive the deliveries (the requester went away)."""
+
+    def ready(self) -> bool:
+        """The transport can take a delivery now."""
+
+    def offer(self, consumer: Consumer, delivery: Delivery, bytes_left: int | None) -> int | None:
+        """Send the delivery and say how many bytes it counts; None (and nothing sent) when
+        it would exceed `bytes_left`."""
+
+    def end(self, outcome: PullEnd, waiter: Waiter, pending: int) -> None:
+        """The request is over; `pending` is the due jobs its consumer had at the last claim."""
+
+    def heartbeat(self, last_seq: int, last_stream_seq: int) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """One waiting pull request."""
+
+    sink: PullSink
+    batch_left: int
+    bytes_left: int | None = None
+    no_wait: bool = False
+    expires_given: bool = True  # JetStream: a no_wait request with expires waits once served
+    expires_at: float | None = None  # loop time
+    heartbeat: float | None = None  # seconds of idleness between heartbeats
+    incremental_timeout: int = 0
+    ends_on_delivery: bool = False
+    delivered: int = 0
+    expiry: asyncio.TimerHandle | None = None
+    beat: asyncio.TimerHandle | None = None
+
+    @property
+    def own_claim(self) -> bool:
+        """Its claim terms differ from the consumer's: it cannot share a claim."""
+        return self.bytes_left is not None or self.incremental_timeout > 0
+
+    def cancel_timers(self) -> None:
+        for timer in (self.expiry, self.beat):
+            if timer is not None:
+                timer.cancel()
+        self.expiry = self.beat = None
+
+
+class WaitPolicy(Protocol):
+    """Which waiting request takes the next job (priority groups decide it their way)."""
+
+    def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
+        """The request the next delivery goes to, or None when no request can take one."""
+
+    def served(self, waiters: deque[Waiter], waiter: Waiter) -> None:
+        """`waiter` (the one picked) was handed a delivery."""
+
+
+class RoundRobin:
+    """nats-server's order: the head request takes one job and goes to the back."""
+
+    def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
+        for _ in range(len(waiters)):
+            head = waiters[0]
+            if eligible(head):
+                return head
+            if waiters and waiters[0] is head:  # `eligible` may have removed it
+                waiters.rotate(-1)
+        return None
+
+    def served(self, waiters: deque[Waiter], waiter: Waiter) -> None:
+        if waiters and waiters[0] is waiter:
+            waiters.popleft()
+            if waiter.batch_left > 0:
+                waiters.append(waiter)
+
+
+class PullScheduler:
+    """The waiting pull requests of this process, one queue per consumer."""
+
+    def __init__(
+        self,
+        claims: ClaimSource,
+        signals: Signals,
+        *,
+        max_claim: int,
+        max_waiting: int,
+        policy: Callable[[Consumer], WaitPolicy] = lambda consumer: RoundRobin(),
+    ) -> None:
+        self.claims = claims
+        self.signals = signals
+        self.max_claim = max_claim
+        self.max_waiting = max_waiting
+        self._policy = policy
+        self._queues: dict[int, ConsumerQueue] = {}
+        self._lingering = True
+        self.draining = False
+
+    def waiting(self, consumer_pk: int) -> int:
+        queue = self._queues.get(consumer_pk)
+        return len(queue.waiters) if queue is not None and not queue.finished else 0
+
+    def full(self, consumer_pk: int) -> bool:
+        """As many requests wait on this consumer as may (max_waiting, across the process)."""
+        return self.waiting(consumer_pk) >= self.max_waiting
+
+    def claimed_ahead(self) -> int:
+        return sum(queue.ahead.held for queue in self._queues.values())
+
+    @property
+    def lingering(self) -> bool:
+        return self._lingering
+
+    def submit(self, consumer: Consumer, waiter: Waiter) -> None:
+        queue = self._queues.get(consumer.pk)
+        if queue is not None and not queue.finished:
+            queue.consumer = consumer
+        else:
+            queue = ConsumerQueue(self, consumer, self._policy(consumer))
+            self._queues[consumer.pk] = queue
+        queue.add(waiter)
+
+    def drop(self, which: Callable[[Waiter], bool]) -> None:
+        """End the requests `which` picks without an answer (their requester is gone)."""
+        for queue in list(self._queues.values()):
+            queue.drop(which)
+
+    def drain(self) -> None:
+        """Shutting down: every waiting request ends now, and none waits from here on."""
+        self.draining = True
+        self.drop(lambda w: True)
+
+    async def settle(self) -> None:
+        """Queues left without requests give back what they claimed ahead and stop."""
+        self._lingering = False
+        try:
+            idle = [q for q in self._queues.values() if not q.waiters]
+            for queue in idle:
+                queue.wake()
+            tasks = [queue.task for queue in idle]
+            if tasks:
+                await asyncio.wait(tasks, timeout=SETTLE_SECONDS)
+        finally:
+            self._lingering = not self.draining
+
+    async def close(self) -> None:
+        self.drain()
+        await self.settle()
+        for queue in list(self._queues.values()):
+            queue.task.cancel()
+        self._queues.clear()
+
+    def _done(self, queue: ConsumerQueue) -> None:
+        if self._queues.get(queue.consumer.pk) is queue:
+            del self._queues[queue.consumer.pk]
+
+
+def _in_stream_order(parts: list[list[Delivery]]) -> list[Delivery]:
+    """Deliveries of claims that ran side by side, merged into queue order (priority, then
+    oldest), with their sequence numbers handed out again in that order."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = sorted((d for part in parts for d in part), key=lambda d: (-d.job.priority, d.job.id))
+    seqs = sorted(d.seq for d in merged)
+    return [d._replace(seq=seq) for d, seq in zip(merged, seqs, strict=True)]
+
+
+class ConsumerQueue:
+    def __init__(self, scheduler: PullScheduler, consumer: Consumer, policy: WaitPolicy) -> None:
+        self.scheduler = scheduler
+        self.consumer = consumer
+        self.policy = policy
+        self.waiters: deque[Waiter] = deque()
+        self.finished = False
+        self.last_seq = 0
+        self.last_stream_seq = 0
+        self.due = 0  # due jobs left after the last claim
+        self.ahead = ClaimAhead()
+        self._kick = asyncio.Event()
+        self._dirty = True
+        self._next_due: float | None = None
+        self._loaded = False
+        self._gone = False
+        self._found = 0  # jobs the current round's claims found
+        self._flushable: list[PullSink] = []  # sinks of requests ended since the last flush
+        self.task = asyncio.create_task(self._run(), name=f"pull-queue-{consumer.pk}")
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add(self, waiter: Waiter) -> None:
+        loop = asyncio.get_running_loop()
+        if waiter.expires_at is not None:
+            waiter.expiry = loop.call_at(waiter.expires_at, self._expired, waiter)
+        self._schedule_beat(waiter)
+        self.waiters.append(waiter)
+        self._dirty = True
+        self._kick.set()
+
+    def drop(self, which: Callable[[Waiter], bool]) -> None:
+        for waiter in [w for w in self.waiters if which(w)]:
+            self._end(waiter, PullEnd.DROPPED)
+
+    def wake(self) -> None:
+        self._kick.set()
+
+    def _end(self, waiter: Waiter, outcome: PullEnd) -> None:
+        waiter.cancel_timers()
+        with contextlib.suppress(ValueError):
+            self.waiters.remove(waiter)
+        self._kick.set()
+        self._flushable.append(waiter.sink)
+        waiter.sink.end(outcome, waiter, self.due)
+
+    def _expired(self, waiter: Waiter) -> None:
+        waiter.expiry = None
+        if waiter in self.waiters:
+            self._end(waiter, PullEnd.EXPIRED)
+
+    def _schedule_beat(self, waiter: Waiter) -> None:
+        if waiter.beat is not None:
+            waiter.beat.cancel()
+            waiter.beat = None
+        if waiter.heartbeat:
+            waiter.beat = asyncio.get_running_loop().call_later(
+                waiter.heartbeat, self._heartbeat, waiter
+            )
+
+    def _heartbeat(self, waiter: Waiter) -> None:
+        waiter.beat = None
+        if waiter in self.waiters:
+            waiter.sink.heartbeat(self.last_seq, self.last_stream_seq)
+            self._schedule_beat(waiter)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            with self.scheduler.signals.subscribe(self.consumer.pk) as woken:
+                relay = asyncio.create_task(self._relay(woken))
+                try:
+                    await self._loop(loop)
+                finally:
+                    relay.cancel()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("pull queue of consumer %s failed", self.consumer.id)
+        finally:
+            self.finished = True
+            self.scheduler._done(self)
+            for waiter in list(self.waiters):
+                self._end(waiter, PullEnd.DROPPED)
+            with contextlib.suppress(Exception):
+                await self._give_back()
+            with contextlib.suppress(Exception):
+                await self._flush()
+
+    async def _relay(self, woken: asyncio.Event) -> None:
+        while True:
+            await woken.wait()
+            woken.clear()
+            self._kick.set()
+
+    async def _loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        while self.waiters or await self._linger(loop):
+            if self._next_due is not None and loop.time() >= self._next_due:
+                self._next_due = None
+                self._dirty = True
+            deliverable = any(w.sink.ready() for w in self.waiters)
+            if self._dirty and deliverable:
+                self._dirty = False
+                self._kick.clear()
+                try:
+                    await self._serve(loop)
+                except Exception:
+                    log.exception("claim for consumer %s failed; retrying", self.consumer.id)
+                    self._dirty = True
+                    await asyncio.sleep(RETRY_SECONDS)
+                await self._flush()
+                if self._gone:
+                    return
+                continue
+            if not self.waiters:
+                continue
+            await self._flush()
+            timeout = None if deliverable else RETRY_SECONDS
+            if self._next_due is not None:
+                until = max(self._next_due - loop.time(), 0.0)
+                timeout = until if timeout is None else min(timeout, until)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout)
+            if self._kick.is_set():
+                self._kick.clear()
+                self._dirty = True
+
+    async def _linger(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Wait a while for the next request; give back what was claimed ahead for it when it
+        does not come within READY_GRACE_SECONDS."""
+        start = loop.time()
+        deadline = start + LINGER_SECONDS
+        while not self.waiters:
+            lingering = self.scheduler.lingering
+            now = loop.time()
+            if now - start >= claim_ahead.READY_GRACE_SECONDS or not lingering:
+                await self._give_back()
+            left = deadline - now
+            if left <= 0 or not lingering:
+                return False
+            if self.ahead.held:
+                left = min(left, max(start + claim_ahead.READY_GRACE_SECONDS - now, 0.001))
+            self._kick.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), left)
+        self._dirty = True
+        return True
+
+    async def _flush(self) -> None:
+        outlets: dict[Hashable, PullSink] = {}
+        for waiter in self.waiters:
+            outlets.setdefault(waiter.sink.outlet, waiter.sink)
+        for sink in self._flushable:
+            outlets.setdefault(sink.outlet, sink)
+        self._flushable.clear()
+        for sink in outlets.values():
+            await sink.flush()
+
+    # -- claims and hand-out --------------------------------------------------------------------
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        claims = self.scheduler.claims
+        numbered = any(w.sink.numbered for w in self.waiters)
+        if numbered and not self._loaded:
+            self._loaded = True
+            seq, stream_seq = await claims.last_delivery(self.consumer.pk)
+            self.last_seq = max(self.last_seq, seq)
+            self.last_stream_seq = max(self.last_stream_seq, stream_seq)
+        self._next_due = None  # the claims below say when queued jobs fall due next
+        self._found = 0
+        plain = [w for w in self.waiters if not w.own_claim and self._alive(w)]
+        if not plain:
+            await self._give_back()
+        else:
+            # Whatever the claim ahead found is older than the wake-up that brought us here:
+            # a queue it saw drained may have jobs again (a NAK'd job falling due, a publish),
+            # so the requests still short claim afresh below.
+            self._keep(await self.ahead.finish(), loop.time())
+            await self._release(self.ahead.stale(loop.time()))
+            wanted = sum(w.batch_left for w in plain)
+            drained = False
+            if self.ahead.ready < wanted:
+                sizes = self._claim_sizes(wanted - self.ahead.ready)
+                drained = self._keep(await self._claims(sizes, numbered), loop.time())
+            leftovers = self._hand_out(self.ahead.take())
+            if numbered:
+                self.ahead.keep(leftovers, loop.time())
+            else:  # unnumbered jobs cannot wait for a request that wants numbers
+                await self._release(leftovers)
+            still = sum(w.batch_left for w in self.waiters if not w.own_claim)
+            if not drained and any(w.sink.claims_ahead for w in plain):
+                # While these are sent, the database claims what the requests still want or,
+                # when they are filled, as much again for the next requests of a consumer
+                # pulling in a loop. It is handed out after what is ready now.
+                more = max(still, wanted) - self.ahead.ready
+                if more > 0:
+                    sizes = self._claim_sizes(more)
+                    self.ahead.start(sizes, self._claims(sizes, numbered))
+            if drained:
+                for w in list(self.waiters):
+                    if not w.own_claim and w.no_wait and (w.delivered or not w.expires_given):
+                        self._end(w, PullEnd.NO_MESSAGES)
+            elif still > 0:
+                self._dirty = True
+        for w in [w for w in self.waiters if w.own_claim]:
+            if w not in self.waiters or not self._alive(w):
+                continue
+            batch = await claims.claim(
+                self.consumer,
+                min(w.batch_left, self.scheduler.max_claim),
+                numbered=numbered,
+                max_bytes=w.bytes_left,
+                incremental_timeout=w.incremental_timeout,
+            )
+            self._note(batch)
+            leftovers = self._fill(w, batch.deliveries)
+            if (
+                w in self.waiters
+                and w.no_wait
+                and (w.delivered or not w.expires_given)
+                and batch.due == 0
+            ):
+                self._end(w, PullEnd.NO_MESSAGES)
+            await self._release(leftovers)
+        if not self._found and self.waiters:
+            await self._recheck(loop)
+
+    async def _recheck(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Nothing was claimed: the consumer may be gone or changed, and when nothing is due,
+        when the next job falls due says how long to sleep."""
+        fresh, next_due = await self.scheduler.claims.recheck(
+            self.consumer.pk, next_due=self.due == 0
+        )
+        if fresh is None or fresh.type is not ConsumerType.PULL:
+            self._gone = True
+            for waiter in list(self.waiters):
+                self._end(waiter, PullEnd.CONSUMER_DELETED)
+            return
+        if (fresh.max_ack_pending, fresh.ack_wait_seconds) != (
+            self.consumer.max_ack_pending,
+            self.consumer.ack_wait_seconds,
+        ):
+            self._dirty = True
+        self.consumer = fresh
+        if next_due is not None:
+            until = (next_due - datetime.now(UTC)).total_seconds()
+            self._next_due = loop.time() + max(until, MIN_RECHECK_SECONDS)
+
+    def _claim_sizes(self, wanted: int) -> list[int]:
+        max_claim = self.scheduler.max_claim
+        limit = min(wanted, max_claim * PARALLEL_CLAIMS)
+        parts = -(-limit // max_claim)
+        return [limit // parts + (1 if i < limit % parts else 0) for i in range(parts)]
+
+    async def _claims(self, sizes: list[int], numbered: bool) -> Sized:
+        # Claims of one consumer run side by side (SKIP LOCKED keeps them apart): the
+        # waiting requests are filled in the time of one statement instead of several.
+        claims = self.scheduler.claims
+        batches = await asyncio.gather(
+            *(claims.claim(self.consumer, n, numbered=numbered) for n in sizes)
+        )
+        return list(zip(sizes, batches, strict=True))
+
+    def _keep(self, sized: Sized, now: float) -> bool:
+        """Note what the claims found and keep it ready in queue order; True when they
+        drained the queue (fewer jobs than asked, or nothing more due)."""
+        drained = False
+        for size, batch in sized:
+            self._note(batch)
+            drained = drained or len(batch.deliveries) < size or batch.due == 0
+        self.ahead.keep(_in_stream_order([b.deliveries for _, b in sized]), now)
+        return drained
+
+    def _note(self, batch: ClaimBatch) -> None:
+        self.due = batch.due
+        self._found += len(batch.deliveries)
+        if batch.deliveries:
+            self.last_seq = max(self.last_seq, batch.last_seq)
+            self.last_stream_seq = max(self.last_stream_seq, batch.last_stream_seq)
+
+    async def _give_back(self) -> None:
+        """Claims made ahead for requests that did not come (or have gone since)."""
+        await self._release(await self.ahead.give_back())
+
+    def _alive(self, waiter: Waiter) -> bool:
+        if not waiter.sink.alive():
+            self._end(waiter, PullEnd.DROPPED)
+            return False
+        return True
+
+    def _takes_shared(self, waiter: Waiter) -> bool:
+        return not waiter.own_claim and self._alive(waiter)
+
+    def _hand_out(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Each delivery goes to the request the policy picks (round-robin by default)."""
+        leftovers: list[Delivery] = []
+        for index, delivery in enumerate(deliveries):
+            waiter = self.policy.pick(self.waiters, self._takes_shared)
+            if waiter is None or not waiter.sink.ready():
+                leftovers = deliveries[index:]
+                break
+            waiter.sink.offer(self.consumer, delivery, None)
+            self._delivered(waiter)
+            waiter.batch_left -= 1
+            self.policy.served(self.waiters, waiter)
+            if waiter.batch_left == 0:
+                self._end(waiter, PullEnd.FILLED)
+        for waiter in [w for w in self.waiters if w.ends_on_delivery and w.delivered]:
+            self._end(waiter, PullEnd.DELIVERED)
+        return leftovers
+
+    def _fill(self, waiter: Waiter, deliveries: list[Delivery]) -> list[Delivery]:
+        """A request with its own claim takes that claim's jobs while its budget lasts."""
+        for index, delivery in enumerate(deliveries):
+            if waiter not in self.waiters or not waiter.sink.ready():
+                return deliveries[index:]
+            size = waiter.sink.offer(self.consumer, delivery, waiter.bytes_left)
+            if size is None:
+                self._end(waiter, PullEnd.TOO_LARGE)
+                return deliveries[index:]
+            self._delivered(waiter)
+            if waiter.bytes_left is not None:
+                waiter.bytes_left -= size
+            waiter.batch_left -= 1
+            if waiter.batch_left == 0:
+                self._end(waiter, PullEnd.BYTES_LEFT if waiter.bytes_left else PullEnd.FILLED)
+        if waiter in self.waiters and waiter.ends_on_delivery and waiter.delivered:
+            self._end(waiter, PullEnd.DELIVERED)
+        return []
+
+    def _delivered(self, waiter: Waiter) -> None:
+        waiter.delivered += 1
+        self._schedule_beat(waiter)  # the idle timer restarts after each delivery
+
+    async def _release(self, leftovers: Iterable[Delivery]) -> None:
+        targets = [(d.job.id, d.job.attempt) for d in leftovers]
+        if targets:
+            await self.scheduler.claims.release(self.consumer.pk, targets)
