@@ -1,21 +1,20 @@
 """The database ceiling: pgbench running the broker's own claim, ack and publish statements.
 
-The statements are those app/store/jobs.py and app/store/messages.py issue (as SQLAlchemy
-renders them for psycopg: statuses and numbers are bind parameters, the same columns come
-back), run with `-M prepared` as psycopg does after a few executions. Statuses and the batch
-size are written into the claim and ack texts, as the broker's statements (app/store/queue.py) write
-them: with them as parameters a generic plan cannot use the partial claim index or price the
-LIMIT, so PostgreSQL planned every statement anew, a cost the broker no longer pays.
+The texts are the broker's own, loaded from app/store/queue.py (the claim for a consumer named
+by primary key, the batch and single acks, the publish with its fan-out and NOTIFY), with their
+parameters turned into pgbench variables, run with `-M prepared` as psycopg runs them. Only
+what pgbench cannot do is added around them: a unique message id per publish comes from the
+server, and the claimed rows are folded into one row so that `\\gset` can hand their ids to
+the acks.
 
-What the ceiling leaves out is the broker's overhead, on purpose: credential lookups, the
-per-pull queue statistics, BEGIN/COMMIT round trips and the pool's pre-ping. Each claim is ONE
-statement that also reads the claimed jobs' messages, as the broker's hot claim is.
+What the ceiling leaves out is the broker's overhead, on purpose: HTTP, the credential check by
+token (the pgbench consumers are named by primary key), the Python side of every round trip.
 
 Scripts:
   claim      claim `batch` jobs (+ their messages)
-  batch_ack  claim, then one ack UPDATE naming every (id, attempt)
-  each_ack   claim, then one ack UPDATE per job
-  publish    one message + fan-out INSERT ... SELECT to the channel's consumers + NOTIFY
+  batch_ack  claim, then the batch ack naming every (id, attempt)
+  each_ack   claim, then one single ack per job
+  publish    one message + a job for each of the channel's consumers + NOTIFY
 """
 
 from __future__ import annotations
@@ -27,43 +26,76 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.store.queue import ACK, PUBLISH, claim_sql
 from bench.loadgen import percentiles
 
-CLAIM = (
-    "UPDATE job SET status='INFLIGHT', attempt=(job.attempt + :one::INTEGER), "
-    "incremental_timeout=:zero::INTEGER, "
-    "lease_expires_at=(now() + CAST(:ack_wait AS FLOAT) * interval '1 second'), "
-    "claimed_at=now(), status_changed_at=now() "
-    "WHERE job.id IN (SELECT job.id FROM job WHERE job.consumer_pk = :cpk::BIGINT "
-    "AND job.status = 'QUEUED' AND job.earliest_next_attempt_at <= now() "
-    "ORDER BY job.priority DESC, job.id LIMIT {batch} FOR UPDATE SKIP LOCKED) "
-    "AND job.status = 'QUEUED' RETURNING job.*"
-)
 
-ACK = (
-    "UPDATE job SET status='DELIVERED', lease_expires_at=NULL::TIMESTAMP WITH TIME ZONE, "
-    "status_changed_at=now() WHERE job.consumer_pk = :cpk::BIGINT "
-    "AND job.status = 'INFLIGHT' AND (job.id, job.attempt) IN ({pairs}) RETURNING job.*"
-)
+def pgbench_text(sql: str, **renamed: str) -> str:
+    """A psycopg text as a pgbench command: each %(name)s becomes the variable :name (or the
+    variable `renamed` gives it), on one line."""
+    text = re.sub(r"%\((\w+)\)s", lambda m: ":" + renamed.get(m[1], m[1]), sql)
+    lines = [line.split("--", 1)[0].strip() for line in text.strip().splitlines()]
+    return " ".join(line for line in lines if line)
 
-PUBLISH = [
-    "BEGIN;",
-    "INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, priority, "
-    "headers, received_at) VALUES (:pub_channel::VARCHAR, "
-    "replace(gen_random_uuid()::text, '-', '')::VARCHAR, :producer::VARCHAR, "
-    "convert_to(:payload, 'UTF8'), :ctype::VARCHAR, :zero::INTEGER, :headers::JSON, now()) "
-    "RETURNING message.pk AS mpk, message.channel_id, message.message_id, message.producer_id, "
-    "message.payload, message.content_type, message.priority, message.headers, "
-    # A prefix, so the returned columns (payload, ...) do not overwrite the -D variables.
-    "message.received_at \\gset r_",
-    "INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size, "
-    "earliest_next_attempt_at, status_changed_at, created_at) "
-    "SELECT :r_mpk::BIGINT, consumer.pk, :st_q::VARCHAR, :zero::INTEGER, :psize::INTEGER, now(), "
-    "now(), now() FROM consumer WHERE consumer.channel_id = :pub_channel::VARCHAR "
-    "RETURNING job.consumer_pk;",
-    "SELECT pg_notify(:notify_channel, :notify_payload);",
-    "COMMIT;",
-]
+
+def claim_command(batch: int, with_ids: bool) -> str:
+    """The broker's claim, its rows folded into one row for \\gset: the claimed rows as text
+    (so the server produces all the data a client would receive) and, for the acks, the ids
+    and attempts (as arrays, and one by one as i1, a1, i2, a2 ...)."""
+    claim = claim_sql("pk", batch, numbered=False, by_bytes=False, capped=False)
+    head, final = claim.rsplit("\nSELECT ", 1)
+    columns = ["coalesce(array_agg(out.*)::text, '') AS job_rows"]
+    if with_ids:
+        columns += [
+            "coalesce(array_agg(out.id ORDER BY out.id), '{}')::text AS ids",
+            "coalesce(array_agg(out.attempt ORDER BY out.id), '{}')::text AS attempts",
+        ]
+        for k in range(1, batch + 1):
+            columns.append(f"coalesce((array_agg(out.id ORDER BY out.id))[{k}], 0) AS i{k}")
+            columns.append(f"coalesce((array_agg(out.attempt ORDER BY out.id))[{k}], 0) AS a{k}")
+    folded = f"{head}, out AS (\nSELECT {final}) SELECT {', '.join(columns)} FROM out"
+    return pgbench_text(folded) + " \\gset"
+
+
+def ack_command(one: int | None = None) -> str:
+    """The batch ack (ids and attempts from the claim), or the single ack of job number `one`."""
+    if one is None:
+        return pgbench_text(ACK[("pk", False)]) + ";"
+    return pgbench_text(ACK[("pk", True)], id=f"i{one}", attempt=f"a{one}") + ";"
+
+
+def publish_command() -> str:
+    unique = "replace(gen_random_uuid()::text, '-', '')"
+    return pgbench_text(PUBLISH.replace("%(message_id)s", unique)) + ";"
+
+
+def script_defines(
+    *,
+    consumer_pk: int,
+    ack_wait: int,
+    channel: str,
+    channel_token: str,
+    producer: str,
+    producer_token: str,
+    payload: str,
+) -> dict[str, str]:
+    """The variables the scripts' statements read (their psycopg parameters' names)."""
+    return {
+        "consumer_pk": str(consumer_pk),
+        "consumer_type": "pull",
+        "default_ack_wait": str(ack_wait),
+        "incremental_timeout": "0",
+        "channel_id": channel,
+        "channel_token": channel_token,
+        "producer_id": producer,
+        "producer_token": producer_token,
+        "payload": payload,
+        "payload_size": str(len(payload.encode())),
+        "content_type": "application/json",
+        "priority": "0",
+        "headers": "{}",
+    }
+
 
 SCRIPTS = ("claim", "batch_ack", "each_ack", "publish")
 JOBS_COUNTED_BY = {
@@ -74,36 +106,16 @@ JOBS_COUNTED_BY = {
 }
 
 
-def claim_command(batch: int, with_ids: bool) -> str:
-    """The claim, plus one row (for \\gset) with the claimed rows and their messages as text."""
-    columns = [
-        "coalesce(agg.job_rows, '') AS job_rows",
-        "coalesce((SELECT array_agg(m.*)::text FROM message AS m WHERE m.pk IN "
-        "(SELECT claimed.message_pk FROM claimed)), '') AS message_rows",
-    ]
-    if with_ids:
-        for k in range(1, batch + 1):
-            columns.append(f"coalesce(agg.ids[{k}], 0) AS i{k}")
-            columns.append(f"coalesce(agg.atts[{k}], 0) AS a{k}")
-    return (
-        f"WITH claimed AS ({CLAIM.format(batch=batch)}), "
-        "agg AS (SELECT array_agg(c.id ORDER BY c.id) AS ids, "
-        "array_agg(c.attempt ORDER BY c.id) AS atts, array_agg(c.*)::text AS job_rows "
-        f"FROM claimed AS c) SELECT {', '.join(columns)} FROM agg \\gset"
-    )
-
-
 def script_text(name: str, batch: int) -> str:
     if name == "claim":
         lines = [claim_command(batch, with_ids=False)]
     elif name == "batch_ack":
-        pairs = ", ".join(f"(:i{k}, :a{k})" for k in range(1, batch + 1))
-        lines = [claim_command(batch, with_ids=True), ACK.format(pairs=pairs) + ";"]
+        lines = [claim_command(batch, with_ids=True), ack_command()]
     elif name == "each_ack":
         lines = [claim_command(batch, with_ids=True)]
-        lines += [ACK.format(pairs=f"(:i{k}, :a{k})") + ";" for k in range(1, batch + 1)]
+        lines += [ack_command(k) for k in range(1, batch + 1)]
     elif name == "publish":
-        lines = list(PUBLISH)
+        lines = [publish_command()]
     else:
         raise ValueError(name)
     return "\n".join(lines) + "\n"

@@ -17,10 +17,10 @@ from datetime import timedelta
 from typing import Any
 
 from bench import db, profile
-from bench.broker import PUB_CONSUMERS, PUSH_CONSUMER, bridge_available
+from bench.broker import PRODUCER, PUB_CONSUMERS, PUSH_CONSUMER, bridge_available, token
 from bench.env import DBNAME, Env, Measured, wait_port
 from bench.pg import free_port
-from bench.pgbench import JOBS_COUNTED_BY, jobs_per_script, run_pgbench
+from bench.pgbench import JOBS_COUNTED_BY, jobs_per_script, run_pgbench, script_defines
 from bench.procs import CpuMeter, Service
 
 # First guesses of jobs/s, used only to size backlogs before a scenario has run once; every
@@ -40,6 +40,7 @@ GUESS = {
 }
 # The note on a run whose backlog ran dry: its rate is a lower bound.
 RAN_OUT = "backlog ran out during the run: a lower bound"
+PUB_CHANNEL = "pub"  # the channel of PUB_CONSUMERS, published to by PRODUCER
 PGBENCH_CONSUMER = {"claim": "pgb-claim", "batch_ack": "pgb-batch", "each_ack": "pgb-each"}
 # The consumer each ack style of the HTTP pull scenarios drains.
 PULL_CONSUMER = {"batch": "pull-batch", "each": "pull-each"}
@@ -113,26 +114,17 @@ class Runner:
             await env.backlog(consumer, need)
         await db.vacuum(env.conn, "job")
         pks = [env.pks[consumer]] if consumer else [env.pks[c] for c in PUB_CONSUMERS]
-        defines = {
-            "cpk": str(pks[0]),
-            "st_q": "QUEUED",
-            "st_i": "INFLIGHT",
-            "st_d": "DELIVERED",
-            "one": "1",
-            "zero": "0",
+        defines = script_defines(
+            consumer_pk=pks[0],
             # Claim-only runs leave their jobs in flight: a lease longer than the benchmark
             # keeps the sweeper from requeueing them in the middle of later scenarios.
-            "ack_wait": "3600" if script == "claim" else "32",
-            "batch": str(s.batch),
-            "pub_channel": "pub",
-            "producer": "bp",
-            "payload": db.payload(),
-            "ctype": "application/json",
-            "headers": "{}",
-            "psize": str(db.PAYLOAD_BYTES),
-            "notify_channel": "webhook_broker_jobs",
-            "notify_payload": ",".join(str(pk) for pk in sorted(pks)),
-        }
+            ack_wait=3600 if script == "claim" else 32,
+            channel=PUB_CHANNEL,
+            channel_token=token(PUB_CHANNEL),
+            producer=PRODUCER,
+            producer_token=token(PRODUCER),
+            payload=db.payload(),
+        )
         meter = env.meter()
         launched = await db.clock(env.conn)
         task = asyncio.create_task(
