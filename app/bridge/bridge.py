@@ -116,6 +116,7 @@ class Bridge:
                 # A plain client cannot see a requester leave: cap requests with no expiry.
                 unbounded_cap=None if self.hybrid else float(pull.max_expires_seconds),
             ),
+            stored_subject=self.hybrid,
         )
         self.api = ApiHandler(
             self.service,

@@ -113,6 +113,13 @@ class NatsRequest:
         size = len(consumer.channel_id) + len(reply) + len(header) + len(job.payload)
         if bytes_left is not None and size > bytes_left:
             return None
+        if self.engine.stored_subject:
+            # Over a leafnode link, nats-server delivers a message whose reply is
+            # `$JS.ACK...@<subject>` to the inbox with `<subject>` as its subject and the
+            # suffix taken off the reply, as it delivers from a stream (server/client.go):
+            # clients that tell deliveries from statuses by the subject (the JS client) see
+            # the stored subject, the channel id.
+            reply = f"{reply}@{consumer.channel_id}"
         self.engine.out.send(self.reply, reply, header, job.payload)
         return size
 
@@ -143,11 +150,14 @@ class PullEngine:
         out: Outbound,
         ack_prefix: str,
         limits: EngineLimits,
+        *,
+        stored_subject: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.out = out
         self.ack_prefix = ack_prefix
         self.limits = limits
+        self.stored_subject = stored_subject
         self._closed = False
 
     def status(

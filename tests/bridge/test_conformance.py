@@ -49,6 +49,7 @@ class Run:
     seconds: dict[str, float] = field(default_factory=dict)
     metadata: list[tuple[Any, ...]] = field(default_factory=list)
     metadata_error: str | None = None
+    subjects: list[str] = field(default_factory=list)  # of every message received
 
 
 def reply_fields(msg: Msg) -> tuple[str, str, int, int, int, int]:
@@ -66,6 +67,7 @@ def reply_fields(msg: Msg) -> tuple[str, str, int, int, int, int]:
 
 def describe(msg: Msg, run: Run) -> dict[str, Any]:
     headers = msg.headers or {}
+    run.subjects.append(msg.subject)
     try:
         md = msg.metadata
     except NatsError as exc:  # client mode: the ack subject is not $JS.ACK
@@ -271,7 +273,12 @@ def assert_same(expected: Run, actual: Run, *, metadata: bool) -> None:
     if metadata:
         assert actual.metadata == expected.metadata
         assert actual.metadata_error is None
+        # Delivered with the stored subject, as JetStream delivers: the channel id.
+        assert actual.subjects == expected.subjects
+        assert set(expected.subjects) == {"orders"}
     else:
+        # A client connection cannot give a delivery another subject than the inbox.
+        assert all(subject.startswith("_INBOX.") for subject in actual.subjects)
         assert actual.metadata == []
         assert actual.metadata_error == "NotJSMessageError"
 

@@ -1,0 +1,287 @@
+"""The official NATS JavaScript client (@nats-io/jetstream 3.4 on @nats-io/transport-node,
+installed by `npm ci` in tests/js from the committed lockfile) runs one scenario against real
+JetStream and against the bridge in hybrid mode; what it observes must be the same: subjects,
+`msg.info` (stream, consumer, delivery count, sequences, pending), headers, redelivery after
+a nak with delay and after an ack wait, `working`, `term`, expiry, and consumer info. Then it
+consumes 300 jobs with `consume()` and acks each.
+
+Only the hybrid transport serves this client: it decides that a message is a protocol
+message when its subject is the request inbox, so deliveries must carry the stored subject,
+which only a leafnode link can give them (see the README's client table)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+from sqlalchemy import text
+
+from app.runtime import Runtime
+from tests.bridge.conftest import (
+    ACK_WAIT,
+    MAX_ACK_PENDING,
+    BridgeFactory,
+    NatsServer,
+    eventually,
+    publish_http,
+    reference_consumer,
+)
+
+JS_DIR = Path(__file__).resolve().parent.parent / "js"
+Publish = Callable[[list[str]], Awaitable[None]]
+
+
+class JsError(Exception):
+    pass
+
+
+class JsClient:
+    """One node process running tests/js/client.mjs: a command in, an answer out."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+
+    @classmethod
+    async def start(cls) -> JsClient:
+        proc = await asyncio.create_subprocess_exec(
+            "node",
+            "client.mjs",
+            cwd=JS_DIR,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=16 * 1024 * 1024,
+        )
+        return cls(proc)
+
+    async def call(self, op: str, within: float = 30, **args: Any) -> Any:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps({"op": op, **args}).encode() + b"\n")
+        await self._proc.stdin.drain()
+        line = await asyncio.wait_for(self._proc.stdout.readline(), within)
+        assert line, f"the node client ended during {op}"
+        answer = json.loads(line)
+        if "error" in answer:
+            raise JsError(answer["error"])
+        return answer["ok"]
+
+    async def close(self) -> None:
+        if self._proc.returncode is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 10)
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> Path:
+    """scripts/test installs them; a test run without that does it here, the same way."""
+    installed = JS_DIR / "node_modules" / "@nats-io" / "jetstream"
+    if not installed.exists():
+        npm = shutil.which("npm")
+        assert npm is not None, "npm is needed for the JavaScript client tests"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, check=True)
+    return installed
+
+
+@pytest.fixture
+async def js_client(node_modules: Path) -> AsyncIterator[JsClient]:
+    client = await JsClient.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def seen(messages: list[dict[str, Any]] | dict[str, Any] | None) -> Any:
+    """What is compared of received messages: everything but the client's own handle."""
+    if messages is None:
+        return None
+    if isinstance(messages, dict):
+        return {k: v for k, v in messages.items() if k != "handle"}
+    return [seen(m) for m in messages]
+
+
+async def scenario(js: JsClient, url: str, publish: Publish) -> dict[str, Any]:
+    r: dict[str, Any] = {}
+    # checkAPI: the client asks $JS.API.INFO whether JetStream is there before its first use.
+    await js.call("connect", servers=url, checkApi=True)
+    r["manager"] = (await js.call("manager"))["api_level"] is not None
+    await js.call("consumer", stream="orders", name="workers")
+
+    await publish(["m1", "m2", "m3", "m4"])
+    await asyncio.sleep(0.1)
+    [m1] = await js.call("fetch", max_messages=1, expires=2000)
+    r["fetch1"] = seen(m1)
+    await js.call("ack", handle=m1["handle"])
+    three = await js.call("fetch", max_messages=5, expires=2000)
+    r["fetch5_of_3"] = seen(three)
+    r["ack_ack"] = await js.call("ackAck", handle=three[0]["handle"])
+    for m in three[1:]:
+        await js.call("ack", handle=m["handle"])
+    r["empty_next"] = await js.call("next", expires=1000)
+    r["empty_fetch"] = await js.call("fetch", max_messages=3, expires=1000, idle_heartbeat=500)
+
+    await publish(["m5"])
+    m5 = await js.call("next", expires=2000)
+    r["next"] = seen(m5)
+    await js.call("nak", handle=m5["handle"], delay=300)
+    again = await js.call("next", expires=3000)
+    r["nak_redelivery"] = seen(again)
+    await js.call("ack", handle=again["handle"])
+
+    # working keeps m6 past its ack wait; m7, left alone, lapses and comes back.
+    await publish(["m6", "m7"])
+    await asyncio.sleep(0.1)
+    held, lapsing = await js.call("fetch", max_messages=2, expires=2000)
+    r["held"] = seen([held, lapsing])
+    for _ in range(2):
+        await asyncio.sleep(ACK_WAIT * 0.6)
+        await js.call("working", handle=held["handle"])
+        await js.call("flush")
+    await asyncio.sleep(ACK_WAIT * 0.55)
+    r["held_ack"] = await js.call("ackAck", handle=held["handle"])
+    lapsed = await js.call("next", expires=3000)
+    r["lapsed"] = seen(lapsed)
+    await js.call("ackAck", handle=lapsed["handle"])
+
+    await publish(["m8"])
+    doomed = await js.call("next", expires=2000)
+    r["doomed"] = seen(doomed)
+    await js.call("term", handle=doomed["handle"], reason="not wanted")
+    await js.call("flush")
+    r["after_term"] = await js.call("next", expires=1000)
+    await asyncio.sleep(0.3)
+
+    await publish([f"c{n}" for n in range(5)])
+    consumed = await js.call("consume", count=5, max_messages=10, ack=True)
+    r["consume"] = seen(consumed)
+    await js.call("flush")
+    await asyncio.sleep(0.3)
+    r["info"] = await js.call("info")
+    await js.call("close")
+    return r
+
+
+_reference: dict[str, dict[str, Any]] = {}
+
+
+async def reference(server: NatsServer, node_modules: Path) -> dict[str, Any]:
+    """The run against real JetStream, once per session."""
+    if "run" not in _reference:
+        nc = await nats.connect(server.url)
+        try:
+            await reference_consumer(
+                nc, ack_wait=ACK_WAIT, max_ack_pending=MAX_ACK_PENDING["uncapped"]
+            )
+            js = nc.jetstream()
+
+            async def publish(names: list[str]) -> None:
+                for name in names:
+                    await js.publish(
+                        "orders",
+                        name.encode(),
+                        headers={
+                            "Content-Type": "text/plain",
+                            "X-Order": name,
+                            "Nats-Msg-Id": name,
+                        },
+                    )
+
+            client = await JsClient.start()
+            try:
+                _reference["run"] = await scenario(client, server.url, publish)
+            finally:
+                await client.close()
+                await js.delete_stream("orders")
+        finally:
+            await nc.close()
+    return _reference["run"]
+
+
+def message(data: str, stream_seq: int, consumer_seq: int, pending: int, count: int = 1) -> Any:
+    return {
+        "subject": "orders",
+        "data": data,
+        "headers": {"Content-Type": "text/plain", "X-Order": data, "Nats-Msg-Id": data},
+        "info": {
+            "stream": "orders",
+            "consumer": "workers",
+            "deliveryCount": count,
+            "redelivered": count > 1,
+            "streamSequence": stream_seq,
+            "deliverySequence": consumer_seq,
+            "pending": pending,
+        },
+    }
+
+
+@pytest.mark.parametrize("cap", ["uncapped"])
+async def test_the_js_client_sees_the_bridge_as_it_sees_jetstream(
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+    node_modules: Path,
+) -> None:
+    expected = await reference(jetstream_server, node_modules)
+    # The reference itself, so that a broken scenario cannot pass by matching nothing.
+    assert expected["fetch1"] == message("m1", 1, 1, 3)
+    assert [m["data"] for m in expected["fetch5_of_3"]] == ["m2", "m3", "m4"]
+    assert expected["empty_next"] is None and expected["empty_fetch"] == []
+    assert expected["nak_redelivery"]["info"]["deliveryCount"] == 2
+    assert expected["lapsed"]["info"]["deliveryCount"] == 2
+    assert expected["after_term"] is None
+    assert len(expected["consume"]) == 5
+
+    await make_bridge("hybrid")
+
+    async def publish(names: list[str]) -> None:
+        await publish_http(client, names)
+
+    js = await JsClient.start()
+    try:
+        actual = await scenario(js, hub.url, publish)
+    finally:
+        await js.close()
+    for key, value in expected.items():
+        assert actual[key] == value, key
+    assert actual.keys() == expected.keys()
+
+
+@pytest.mark.parametrize("cap", ["uncapped"])
+async def test_consume_acks_300_jobs_each_delivered_once(
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+    runtime: Runtime,
+    js_client: JsClient,
+) -> None:
+    await make_bridge("hybrid")
+    names = [f"j{n}" for n in range(300)]
+    await publish_http(client, names)
+    await js_client.call("connect", servers=hub.url)
+    await js_client.call("consumer", stream="orders", name="workers")
+    consumed = await js_client.call("consume", count=300, max_messages=100, ack=True, within=60)
+    await js_client.call("flush")
+    assert sorted(m["data"] for m in consumed) == sorted(names)
+    assert all(m["info"]["deliveryCount"] == 1 for m in consumed)
+
+    async def all_delivered() -> bool:
+        async with runtime.db.transaction() as tx:
+            rows = await tx.conn.execute(
+                text("SELECT status, attempt, count(*) FROM job GROUP BY status, attempt")
+            )
+            return {(s, a): n for s, a, n in rows.all()} == {("DELIVERED", 1): 300}
+
+    await eventually(all_delivered, within=10)
