@@ -252,7 +252,6 @@ class ConsumerQueue:
         self._dirty = True
         self._next_due: float | None = None
         self._loaded = False
-        self._gone = False
         self._found = 0  # jobs the current round's claims found
         self._flushable: list[PullSink] = []  # sinks of requests ended since the last flush
         self.task = asyncio.create_task(self._run(), name=f"pull-queue-{consumer.pk}")
@@ -350,8 +349,6 @@ class ConsumerQueue:
                     self._dirty = True
                     await asyncio.sleep(RETRY_SECONDS)
                 await self._flush()
-                if self._gone:
-                    return
                 continue
             if not self.waiters:
                 continue
@@ -473,7 +470,7 @@ class ConsumerQueue:
             self.consumer.pk, next_due=self.due == 0
         )
         if fresh is None or fresh.type is not ConsumerType.PULL:
-            self._gone = True
+            # A request that comes later is told the same by its own round.
             for waiter in list(self.waiters):
                 self._end(waiter, PullEnd.CONSUMER_DELETED)
             return
