@@ -97,6 +97,8 @@ class ApiHandler:
             return p.account_info(streams, consumers, self._answered + 1, self._errors)
         if tokens == ["STREAM", "NAMES"]:
             return await self._stream_names(body)
+        if len(tokens) == 3 and tokens[:2] == ["STREAM", "INFO"]:
+            return await self._stream_info(tokens[2], body)
         if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "INFO"]:
             if not _empty_request(body):
                 return p.api_error(p.INFO_TYPE, 400, 10038, "expected an empty request payload")
@@ -124,6 +126,31 @@ class ApiHandler:
         if wanted is not None:
             names = [n for n in names if p.subjects_overlap(wanted, n)]
         return p.stream_names(names, offset, NAMES_PAGE)
+
+    async def _stream_info(self, stream: str, body: bytes) -> bytes:
+        # The request may carry options (deleted_details, subjects_filter, offset), none of
+        # which change what a channel reports; a body that is not JSON is refused as the
+        # server refuses it.
+        if body.strip():
+            try:
+                json.loads(body)
+            except ValueError:
+                return p.api_error(p.STREAM_INFO_TYPE, 400, 10025, "invalid JSON")
+        state = await self._service.stream_state(stream)
+        if state is None:
+            return p.stream_not_found(p.STREAM_INFO_TYPE)
+        view = p.StreamView(
+            name=stream,
+            created=state.created,
+            messages=state.messages,
+            bytes=state.bytes,
+            first_seq=state.first_seq,
+            last_seq=state.last_seq,
+            first_at=state.first_at,
+            last_at=state.last_at,
+            consumers=state.consumers,
+        )
+        return p.stream_info(view, datetime.now(UTC))
 
     async def _info(self, stream: str, name: str, kind: str) -> bytes:
         found = await self._service.lookup(stream, name)

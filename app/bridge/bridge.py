@@ -164,6 +164,7 @@ class Bridge:
         for subject in (
             f"{api}.INFO",
             f"{api}.STREAM.NAMES",
+            f"{api}.STREAM.INFO.*",
             f"{api}.CONSUMER.INFO.*.*",
             f"{api}.CONSUMER.CREATE.>",
             f"{api}.CONSUMER.DURABLE.CREATE.*.*",

@@ -561,6 +561,8 @@ INFO_TYPE = "io.nats.jetstream.api.v1.consumer_info_response"
 CREATE_TYPE = "io.nats.jetstream.api.v1.consumer_create_response"
 NAMES_TYPE = "io.nats.jetstream.api.v1.stream_names_response"
 ACCOUNT_TYPE = "io.nats.jetstream.api.v1.account_info_response"
+STREAM_INFO_TYPE = "io.nats.jetstream.api.v1.stream_info_response"
+PAGED_TYPES = frozenset({STREAM_INFO_TYPE})
 # The JetStream API level nats-server 2.15 reports; clients read it to pick the requests they
 # may send (2.15.1 answers 5).
 API_LEVEL = 5
@@ -582,7 +584,10 @@ def api_error(kind: str, code: int, err_code: int | None, description: str) -> b
     if err_code is not None:
         error["err_code"] = err_code
     error["description"] = description
-    document = {"type": kind, "error": error}
+    document: dict[str, object] = {"type": kind, "error": error}
+    if kind in PAGED_TYPES:
+        # Responses that embed the server's paging fields carry them beside an error too.
+        document.update(total=0, offset=0, limit=0)
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -616,6 +621,74 @@ def account_info(streams: int, consumers: int, api_total: int, api_errors: int) 
             "max_bytes_required": False,
         },
         "api": {"level": API_LEVEL, "total": api_total, "errors": api_errors},
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+# Go's zero time.Time, which the server writes for the timestamps of an empty stream.
+GO_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    """What STREAM.INFO reports about one channel (its stream subject is its id)."""
+
+    name: str
+    created: datetime
+    messages: int
+    bytes: int
+    first_seq: int
+    last_seq: int
+    first_at: datetime | None
+    last_at: datetime | None
+    consumers: int
+
+
+def stream_info(view: StreamView, now: datetime) -> bytes:
+    """`$JS.API.STREAM.INFO.<stream>`, shaped as nats-server 2.15 writes it: the limits of a
+    stream nothing limits (-1, 0: none), file storage, one replica."""
+    state: dict[str, object] = {
+        "messages": view.messages,
+        "bytes": view.bytes,
+        "first_seq": view.first_seq,
+        "first_ts": rfc3339(view.first_at) if view.first_at else GO_ZERO_TIME,
+        "last_seq": view.last_seq,
+        "last_ts": rfc3339(view.last_at) if view.last_at else GO_ZERO_TIME,
+        "consumer_count": view.consumers,
+    }
+    if view.messages:
+        state["num_subjects"] = 1
+    document = {
+        "type": STREAM_INFO_TYPE,
+        "total": 0,
+        "offset": 0,
+        "limit": 0,
+        "config": {
+            "name": view.name,
+            "subjects": [view.name],
+            "retention": "limits",
+            "max_consumers": -1,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
+            "max_msgs_per_subject": -1,
+            "max_msg_size": -1,
+            "discard": "old",
+            "storage": "file",
+            "num_replicas": 1,
+            "duplicate_window": 120 * NANOS,
+            "compression": "none",
+            "allow_direct": False,
+            "mirror_direct": False,
+            "sealed": False,
+            "deny_delete": False,
+            "deny_purge": False,
+            "allow_rollup_hdrs": False,
+            "consumer_limits": {},
+        },
+        "created": rfc3339(view.created),
+        "state": state,
+        "ts": rfc3339(now),
     }
     return json.dumps(document, separators=(",", ":")).encode()
 

@@ -14,7 +14,7 @@ from app.domain.models import MAX_FIELD_LENGTH, Consumer
 from app.domain.pulls import AckItem, ClaimBatch
 from app.services.acking import AckBatch, AckService
 from app.services.claiming import ClaimSource
-from app.store.bridge import BridgeStore, DeliveryState
+from app.store.bridge import BridgeStore, DeliveryState, StreamState
 from app.store.db import Database
 from app.store.jobs import JobStore, QueueStats
 from app.store.stakeholders import ConsumerStore, channels
@@ -65,6 +65,12 @@ class BridgeService:
         """Streams and consumers as JetStream counts them: channels, and pull consumers."""
         async with self._db.transaction() as tx:
             return await BridgeStore(tx).account_counts()
+
+    async def stream_state(self, channel_id: str) -> StreamState | None:
+        if not _nameable(channel_id):
+            return None
+        async with self._db.transaction() as tx:
+            return await BridgeStore(tx).stream_state(channel_id)
 
     async def channel_ids(self) -> list[str]:
         async with self._db.transaction() as tx:

@@ -19,7 +19,7 @@ from app.domain.jobs import JobStatus
 from app.domain.models import ConsumerType
 from app.store.db import Tx, now
 from app.store.jobs import status_in, status_is
-from app.store.schema import bridge_consumer, channel, consumer, job
+from app.store.schema import bridge_consumer, channel, consumer, job, message
 
 QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
@@ -35,6 +35,21 @@ class DeliveryState:
     redelivered: int
     outstanding: int
     first_outstanding_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState:
+    """What STREAM.INFO reports of a channel: its messages, and the job ids (the stream
+    sequences the bridge hands out) of its pull consumers."""
+
+    created: datetime
+    messages: int
+    bytes: int
+    first_seq: int
+    last_seq: int
+    first_at: datetime | None
+    last_at: datetime | None
+    consumers: int
 
 
 class BridgeStore:
@@ -138,6 +153,44 @@ class BridgeStore:
         )
         streams, consumers = (await self._tx.conn.execute(query)).one()
         return int(streams), int(consumers)
+
+    async def stream_state(self, channel_id: str) -> StreamState | None:
+        """None when there is no such channel. Counts the channel's messages (not a hot path:
+        clients ask once, when they bind)."""
+        pulls = select(consumer.c.pk).where(
+            consumer.c.channel_id == channel_id, consumer.c.type == ConsumerType.PULL.value
+        )
+        in_channel = message.c.channel_id == channel_id
+        query = select(
+            select(channel.c.created_at).where(channel.c.id == channel_id).scalar_subquery(),
+            select(func.count()).where(in_channel).scalar_subquery(),
+            select(func.coalesce(func.sum(func.length(message.c.payload)), 0))
+            .where(in_channel)
+            .scalar_subquery(),
+            select(func.min(message.c.received_at)).where(in_channel).scalar_subquery(),
+            select(func.max(message.c.received_at)).where(in_channel).scalar_subquery(),
+            select(func.coalesce(func.min(job.c.id), 0))
+            .where(job.c.consumer_pk.in_(pulls))
+            .scalar_subquery(),
+            select(func.coalesce(func.max(job.c.id), 0))
+            .where(job.c.consumer_pk.in_(pulls))
+            .scalar_subquery(),
+            select(func.count()).select_from(pulls.subquery()).scalar_subquery(),
+        )
+        row = (await self._tx.conn.execute(query)).one()
+        created, messages, size, first_at, last_at, first_seq, last_seq, consumers = row
+        if created is None:
+            return None
+        return StreamState(
+            created=created,
+            messages=int(messages),
+            bytes=int(size),
+            first_seq=int(first_seq),
+            last_seq=int(last_seq),
+            first_at=first_at,
+            last_at=last_at,
+            consumers=int(consumers),
+        )
 
     async def channel_ids(self) -> list[str]:
         rows = await self._tx.conn.execute(select(channel.c.id).order_by(channel.c.id))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import nats
 import pytest
@@ -38,16 +39,22 @@ async def test_requests_beyond_one_round_get_the_queue_in_order(
     arrived: list[tuple[str, int, int]] = []  # (request inbox, stream seq, consumer seq)
     done = asyncio.Event()
 
-    async def on_message(msg: Msg) -> None:
-        if msg.reply:  # a delivery; statuses (408 at expiry) have none
-            tokens = msg.reply.split(".")
-            arrived.append((msg.subject, int(tokens[-4]), int(tokens[-3])))
-            if len(arrived) == REQUESTS * BATCH:
-                done.set()
+    def on_message(inbox: str) -> Callable[[Msg], Awaitable[None]]:
+        # One subscription per request: in hybrid mode a delivery's subject is the channel id
+        # (as JetStream's), so the inbox it reached is known only by who received it.
+        async def received(msg: Msg) -> None:
+            if msg.reply:  # a delivery; statuses (408 at expiry) have none
+                tokens = msg.reply.split(".")
+                arrived.append((inbox, int(tokens[-4]), int(tokens[-3])))
+                if len(arrived) == REQUESTS * BATCH:
+                    done.set()
+
+        return received
 
     nc = await nats.connect(hub.url)
     try:
-        await nc.subscribe("_INBOX.ahead.*", cb=on_message)
+        for n in range(REQUESTS):
+            await nc.subscribe(f"_INBOX.ahead.{n}", cb=on_message(f"_INBOX.ahead.{n}"))
         await nc.flush()
         request = json.dumps({"batch": BATCH, "expires": 5_000_000_000}).encode()
         for n in range(REQUESTS):
@@ -58,11 +65,18 @@ async def test_requests_beyond_one_round_get_the_queue_in_order(
     finally:
         await nc.close()
 
-    # One connection, so arrival order is delivery order: the queue's, numbered ascending.
-    stream_seqs = [s for _, s, _ in arrived]
-    consumer_seqs = [c for _, _, c in arrived]
-    assert stream_seqs == sorted(stream_seqs) and len(set(stream_seqs)) == len(stream_seqs)
+    # The queue's order, numbered in it: sorted by job (stream sequence), the delivery
+    # sequences ascend; and each request got its jobs in that order. (Each inbox has its own
+    # subscription, whose callbacks nats-py runs on their own, so the order across inboxes is
+    # not the wire order.)
+    by_job = sorted(arrived, key=lambda a: a[1])
+    stream_seqs = [s for _, s, _ in by_job]
+    assert len(set(stream_seqs)) == len(stream_seqs) == REQUESTS * BATCH
+    consumer_seqs = [c for _, _, c in by_job]
     assert consumer_seqs == sorted(consumer_seqs) and len(set(consumer_seqs)) == len(arrived)
+    for n in range(REQUESTS):
+        mine = [(s, c) for inbox, s, c in arrived if inbox == f"_INBOX.ahead.{n}"]
+        assert mine == sorted(mine)
     assert Counter(inbox for inbox, _, _ in arrived) == {
         f"_INBOX.ahead.{n}": BATCH for n in range(REQUESTS)
     }

@@ -314,6 +314,56 @@ async def test_account_info_is_shaped_as_jetstream(
     assert (actual["streams"], actual["consumers"]) == (2, 1)
 
 
+async def stream_info(url: str, stream: str, body: bytes = b"") -> dict[str, Any]:
+    nc = await nats.connect(url)
+    try:
+        reply = await nc.request(f"$JS.API.STREAM.INFO.{stream}", body, timeout=5)
+    finally:
+        await nc.close()
+    document: dict[str, Any] = json.loads(reply.data)
+    return document
+
+
+@pytest.mark.parametrize("mode", ["client", "hybrid"])
+@uncapped_only
+async def test_stream_info_is_shaped_as_jetstream(
+    mode: str,
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+) -> None:
+    """`$JS.API.STREAM.INFO` (nats-jetstream's get_consumer asks it before CONSUMER.INFO): the
+    channel as a stream of its own subject, its messages counted; errors as the server's."""
+    nc = await nats.connect(jetstream_server.url)
+    try:
+        await reference_consumer(nc, ack_wait=ACK_WAIT, max_ack_pending=-1)
+        js = nc.jetstream()
+        for name in ("a", "b"):
+            await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
+        expected = await stream_info(jetstream_server.url, "orders")
+        missing = await stream_info(jetstream_server.url, "nope")
+        garbage = await stream_info(jetstream_server.url, "orders", b"{x")
+    finally:
+        await js.delete_stream("orders")
+        await nc.close()
+    await make_bridge(mode)
+    await publish_http(client, ["a", "b"])
+    actual = await stream_info(hub.url, "orders")
+    assert actual.keys() == expected.keys() - {"cluster"}  # no cluster leader: not clustered
+    server_only = {"metadata", "allow_msg_ttl"}  # what 2.15 adds of its own version and flags
+    assert {k: v for k, v in expected["config"].items() if k not in server_only} == {
+        k: v for k, v in actual["config"].items() if k not in server_only
+    }
+    assert actual["state"].keys() == expected["state"].keys()
+    for key in ("messages", "first_seq", "last_seq", "num_subjects", "consumer_count"):
+        assert actual["state"][key] == expected["state"][key], key
+    assert await stream_info(hub.url, "nope") == missing
+    assert (await stream_info(hub.url, "orders", b"{x"))["error"]["err_code"] == garbage["error"][
+        "err_code"
+    ]
+
+
 @uncapped_only
 async def test_create_and_push_consumers(hub: NatsServer, make_bridge: BridgeFactory) -> None:
     await make_bridge("client")

@@ -1,19 +1,24 @@
-"""The official NATS JavaScript client (@nats-io/jetstream 3.4 on @nats-io/transport-node,
-installed by `npm ci` in tests/js from the committed lockfile) runs one scenario against real
-JetStream and against the bridge in hybrid mode; what it observes must be the same: subjects,
-`msg.info` (stream, consumer, delivery count, sequences, pending), headers, redelivery after
-a nak with delay and after an ack wait, `working`, `term`, expiry, and consumer info. Then it
-consumes 300 jobs with `consume()` and acks each.
+"""Two official NATS clients besides nats-py each run one scenario against real JetStream and
+against the bridge in hybrid mode; what each observes must be the same on both: subjects,
+message info (stream, consumer, delivery count, sequences, pending), headers, redelivery after
+a nak with delay and after an ack wait, `working`, `term`, expiry, and consumer info. Then each
+consumes 300 jobs with its continuous-consumption API and acks each.
 
-Only the hybrid transport serves this client: it decides that a message is a protocol
-message when its subject is the request inbox, so deliveries must carry the stored subject,
-which only a leafnode link can give them (see the README's client table)."""
+- `js`: the JavaScript client, @nats-io/jetstream 3.4 on @nats-io/transport-node
+  (tests/js/client.mjs; `npm ci` in tests/js from the committed lockfile).
+- `nats-jetstream`: the newer Python client built on the simplified consumer API (PyPI
+  `nats-jetstream` on `nats-core`, which need Python 3.13: tests/clients/nats_jetstream_client.py
+  in the venv `.venv-nats-jetstream` that scripts/test makes).
+
+Both speak the same JSON-lines commands. Only the hybrid transport serves the JS client: it
+decides that a message is a protocol message when its subject is the request inbox, so
+deliveries must carry the stored subject, which only a leafnode link can give them (see the
+README's client table)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -35,25 +40,35 @@ from tests.bridge.conftest import (
     reference_consumer,
 )
 
-JS_DIR = Path(__file__).resolve().parent.parent / "js"
+REPO = Path(__file__).resolve().parents[2]
+JS_DIR = REPO / "tests" / "js"
+PY_VENV = REPO / ".venv-nats-jetstream"
+PY_CLIENT = REPO / "tests" / "clients" / "nats_jetstream_client.py"
 Publish = Callable[[list[str]], Awaitable[None]]
+KINDS = ("js", "nats-jetstream")
 
 
 class JsError(Exception):
     pass
 
 
+def argv_of(kind: str) -> list[str]:
+    if kind == "js":
+        return ["node", str(JS_DIR / "client.mjs")]
+    return [str(PY_VENV / "bin" / "python"), str(PY_CLIENT)]
+
+
 class JsClient:
-    """One node process running tests/js/client.mjs: a command in, an answer out."""
+    """One client process (tests/js/client.mjs or the nats-jetstream driver): a command in,
+    an answer out."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
 
     @classmethod
-    async def start(cls) -> JsClient:
+    async def start(cls, kind: str) -> JsClient:
         proc = await asyncio.create_subprocess_exec(
-            "node",
-            "client.mjs",
+            *argv_of(kind),
             cwd=JS_DIR,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -69,7 +84,7 @@ class JsClient:
         assert line, f"the node client ended during {op}"
         answer = json.loads(line)
         if "error" in answer:
-            raise JsError(answer["error"])
+            raise JsError(f"{op}: {answer['error']}")
         return answer["ok"]
 
     async def close(self) -> None:
@@ -83,20 +98,26 @@ class JsClient:
                 await self._proc.wait()
 
 
-@pytest.fixture(scope="session")
-def node_modules() -> Path:
-    """scripts/test installs them; a test run without that does it here, the same way."""
-    installed = JS_DIR / "node_modules" / "@nats-io" / "jetstream"
-    if not installed.exists():
-        npm = shutil.which("npm")
-        assert npm is not None, "npm is needed for the JavaScript client tests"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS_DIR, check=True)
-    return installed
+def install(kind: str) -> None:
+    """scripts/test installs both clients (tests/clients/install); a test run without that
+    runs the same script."""
+    installed = {
+        "js": JS_DIR / "node_modules" / "@nats-io" / "jetstream",
+        "nats-jetstream": PY_VENV / "bin" / "python",
+    }
+    if not installed[kind].exists():
+        subprocess.run([str(REPO / "tests" / "clients" / "install")], check=True)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    install(request.param)
+    return str(request.param)
 
 
 @pytest.fixture
-async def js_client(node_modules: Path) -> AsyncIterator[JsClient]:
-    client = await JsClient.start()
+async def js_client(kind: str) -> AsyncIterator[JsClient]:
+    client = await JsClient.start(kind)
     try:
         yield client
     finally:
@@ -176,9 +197,9 @@ async def scenario(js: JsClient, url: str, publish: Publish) -> dict[str, Any]:
 _reference: dict[str, dict[str, Any]] = {}
 
 
-async def reference(server: NatsServer, node_modules: Path) -> dict[str, Any]:
-    """The run against real JetStream, once per session."""
-    if "run" not in _reference:
+async def reference(server: NatsServer, kind: str) -> dict[str, Any]:
+    """The run against real JetStream, once per session and client."""
+    if kind not in _reference:
         nc = await nats.connect(server.url)
         try:
             await reference_consumer(
@@ -198,15 +219,15 @@ async def reference(server: NatsServer, node_modules: Path) -> dict[str, Any]:
                         },
                     )
 
-            client = await JsClient.start()
+            client = await JsClient.start(kind)
             try:
-                _reference["run"] = await scenario(client, server.url, publish)
+                _reference[kind] = await scenario(client, server.url, publish)
             finally:
                 await client.close()
                 await js.delete_stream("orders")
         finally:
             await nc.close()
-    return _reference["run"]
+    return _reference[kind]
 
 
 def message(data: str, stream_seq: int, consumer_seq: int, pending: int, count: int = 1) -> Any:
@@ -227,14 +248,14 @@ def message(data: str, stream_seq: int, consumer_seq: int, pending: int, count: 
 
 
 @pytest.mark.parametrize("cap", ["uncapped"])
-async def test_the_js_client_sees_the_bridge_as_it_sees_jetstream(
+async def test_the_client_sees_the_bridge_as_it_sees_jetstream(
     jetstream_server: NatsServer,
     hub: NatsServer,
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
-    node_modules: Path,
+    kind: str,
 ) -> None:
-    expected = await reference(jetstream_server, node_modules)
+    expected = await reference(jetstream_server, kind)
     # The reference itself, so that a broken scenario cannot pass by matching nothing.
     assert expected["fetch1"] == message("m1", 1, 1, 3)
     assert [m["data"] for m in expected["fetch5_of_3"]] == ["m2", "m3", "m4"]
@@ -249,7 +270,7 @@ async def test_the_js_client_sees_the_bridge_as_it_sees_jetstream(
     async def publish(names: list[str]) -> None:
         await publish_http(client, names)
 
-    js = await JsClient.start()
+    js = await JsClient.start(kind)
     try:
         actual = await scenario(js, hub.url, publish)
     finally:
