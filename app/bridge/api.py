@@ -110,18 +110,10 @@ class ApiHandler:
         return None
 
     async def _stream_names(self, body: bytes) -> bytes:
-        wanted: str | None = None
-        offset = 0
-        if body.strip():
-            try:
-                request = json.loads(body)
-            except ValueError:
-                return p.api_error(p.NAMES_TYPE, 400, 10025, "invalid JSON")
-            if isinstance(request, dict):
-                subject = request.get("subject")
-                wanted = subject if isinstance(subject, str) and subject else None
-                raw_offset = request.get("offset")
-                offset = raw_offset if isinstance(raw_offset, int) and raw_offset > 0 else 0
+        try:
+            wanted, offset = p.parse_stream_names_request(body)
+        except p.BadRequest as exc:
+            return p.api_error(p.NAMES_TYPE, 400, 10025, f"invalid JSON: {exc.description}")
         names = await self._service.channel_ids()
         if wanted is not None:
             names = [n for n in names if p.subjects_overlap(wanted, n)]

@@ -265,7 +265,7 @@ class Bridge:
         for reply, body in self._awaiting_lookup.pop(key, []):
             if found.consumer is None:
                 # No such consumer: what the server answers when nobody serves the subject.
-                self.out.send(reply, None, b"NATS/1.0 503\r\n\r\n", b"")
+                self.out.send(reply, None, p.NO_RESPONDERS, b"")
                 continue
             try:
                 self.engine.submit(found.consumer, reply, body)
@@ -275,6 +275,10 @@ class Bridge:
     def _ack(self, subject: str, reply: str | None, payload: bytes) -> None:
         token = p.parse_ack_subject(self.ack_prefix, subject)
         if token is None:
+            if reply and not p.ack_subject_shaped(self.ack_prefix, subject):
+                # No consumer's ack subscription on nats-server matches it: the server
+                # answers the request itself, with no responders.
+                self.out.send(reply, None, p.NO_RESPONDERS, b"")
             return
         self.acks.submit(InboundAck(token, p.parse_ack(payload), reply or None))
 

@@ -329,6 +329,21 @@ def _decode_go_object(
     return values
 
 
+_NAMES_STRUCT = "JSApiStreamNamesRequest"
+_NAMES_FIELDS = {"offset": "int", "subject": "string"}
+
+
+def parse_stream_names_request(body: bytes) -> tuple[str | None, int]:
+    """STREAM.NAMES's request: (the subject filter, or None; the offset). Read as the server
+    reads it, into its Go struct: a field of the wrong type is a BadRequest in Go's words."""
+    if not body.strip():
+        return None, 0
+    values = _decode_go_object(body, _NAMES_STRUCT, _NAMES_FIELDS)
+    subject = values.get("subject")
+    offset = int(values.get("offset") or 0)
+    return (subject if isinstance(subject, str) and subject else None), max(offset, 0)
+
+
 # -- header blocks ------------------------------------------------------------------------------
 
 
@@ -441,6 +456,16 @@ _MAX_NAME = 255
 
 def _possible_name(name: str) -> bool:
     return len(name) <= _MAX_NAME and "\x00" not in name
+
+
+# What nats-server answers a request nobody subscribes to (the client's "no responders").
+NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
+
+
+def ack_subject_shaped(prefix: str, subject: str) -> bool:
+    """Has the subject the token count of a v1 ack subject under `prefix`? Only those reach a
+    consumer's ack subscription on nats-server; others meet nobody."""
+    return subject.startswith(prefix + ".") and subject[len(prefix) + 1 :].count(".") == 6
 
 
 def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
@@ -562,7 +587,7 @@ CREATE_TYPE = "io.nats.jetstream.api.v1.consumer_create_response"
 NAMES_TYPE = "io.nats.jetstream.api.v1.stream_names_response"
 ACCOUNT_TYPE = "io.nats.jetstream.api.v1.account_info_response"
 STREAM_INFO_TYPE = "io.nats.jetstream.api.v1.stream_info_response"
-PAGED_TYPES = frozenset({STREAM_INFO_TYPE})
+PAGED_TYPES = frozenset({STREAM_INFO_TYPE, NAMES_TYPE})
 # The JetStream API level nats-server 2.15 reports; clients read it to pick the requests they
 # may send (2.15.1 answers 5).
 API_LEVEL = 5
