@@ -34,6 +34,8 @@ from app.services.bridge import BridgeService
 log = logging.getLogger(__name__)
 
 HYBRID_ACK_PREFIX = p.DEFAULT_ACK_PREFIX
+# How long stopping waits for the last writes and the connection's close.
+CLOSE_SECONDS = 5.0
 
 
 class ClientOutbound:
@@ -207,10 +209,12 @@ class Bridge:
             for task in pending:
                 task.cancel()
         self._tasks.clear()
+        # A peer that stopped reading must not hold the shutdown: what is unsent by then is
+        # covered by the leases.
         with contextlib.suppress(Exception):
-            await self.out.flush()
+            await asyncio.wait_for(self.out.flush(), timeout=CLOSE_SECONDS)
         with contextlib.suppress(Exception):
-            await self.nc.close()
+            await asyncio.wait_for(self.nc.close(), timeout=CLOSE_SECONDS)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
