@@ -131,18 +131,7 @@ class ApiHandler:
         state = await self._service.stream_state(stream)
         if state is None:
             return p.stream_not_found(p.STREAM_INFO_TYPE)
-        view = p.StreamView(
-            name=stream,
-            created=state.created,
-            messages=state.messages,
-            bytes=state.bytes,
-            first_seq=state.first_seq,
-            last_seq=state.last_seq,
-            first_at=state.first_at,
-            last_at=state.last_at,
-            consumers=state.consumers,
-        )
-        return p.stream_info(view, datetime.now(UTC))
+        return p.stream_info(stream, state, datetime.now(UTC))
 
     async def _info(self, stream: str, name: str, kind: str) -> bytes:
         found = await self._service.lookup(stream, name)

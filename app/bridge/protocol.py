@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from app.domain.models import StreamState
+
 NANOS = 1_000_000_000
 HEADER_LINE = b"NATS/1.0"
 CRLF = b"\r\n"
@@ -654,22 +656,7 @@ def account_info(streams: int, consumers: int, api_total: int, api_errors: int) 
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
-@dataclass(frozen=True, slots=True)
-class StreamView:
-    """What STREAM.INFO reports about one channel (its stream subject is its id)."""
-
-    name: str
-    created: datetime
-    messages: int
-    bytes: int
-    first_seq: int
-    last_seq: int
-    first_at: datetime | None
-    last_at: datetime | None
-    consumers: int
-
-
-def stream_info(view: StreamView, now: datetime) -> bytes:
+def stream_info(name: str, view: StreamState, now: datetime) -> bytes:
     """`$JS.API.STREAM.INFO.<stream>`, shaped as nats-server 2.15 writes it: the limits of a
     stream nothing limits (-1, 0: none), file storage, one replica."""
     state: dict[str, object] = {
@@ -689,8 +676,8 @@ def stream_info(view: StreamView, now: datetime) -> bytes:
         "offset": 0,
         "limit": 0,
         "config": {
-            "name": view.name,
-            "subjects": [view.name],
+            "name": name,
+            "subjects": [name],
             "retention": "limits",
             "max_consumers": -1,
             "max_msgs": -1,

@@ -137,3 +137,18 @@ class Cursor:
 
     next: str | None = None
     previous: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState:
+    """A channel seen as a JetStream stream (STREAM.INFO): its messages, and the job ids (the
+    stream sequences the bridge hands out) of its pull consumers."""
+
+    created: datetime
+    messages: int
+    bytes: int
+    first_seq: int
+    last_seq: int
+    first_at: datetime | None
+    last_at: datetime | None
+    consumers: int

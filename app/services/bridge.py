@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.domain.jobs import RetryPolicy
-from app.domain.models import MAX_FIELD_LENGTH, Consumer
+from app.domain.models import MAX_FIELD_LENGTH, Consumer, StreamState
 from app.domain.pulls import AckItem, ClaimBatch
 from app.services.acking import AckBatch, AckService
 from app.services.claiming import ClaimSource
-from app.store.bridge import BridgeStore, DeliveryState, StreamState
+from app.store.bridge import BridgeStore, DeliveryState
 from app.store.db import Database
 from app.store.jobs import JobStore, QueueStats
 from app.store.stakeholders import ConsumerStore, channels

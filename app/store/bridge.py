@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, case, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.jobs import JobStatus
-from app.domain.models import ConsumerType
+from app.domain.models import ConsumerType, StreamState
 from app.store.db import Tx, now
 from app.store.jobs import status_in, status_is
 from app.store.schema import bridge_consumer, channel, consumer, job, message
@@ -35,21 +35,6 @@ class DeliveryState:
     redelivered: int
     outstanding: int
     first_outstanding_id: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class StreamState:
-    """What STREAM.INFO reports of a channel: its messages, and the job ids (the stream
-    sequences the bridge hands out) of its pull consumers."""
-
-    created: datetime
-    messages: int
-    bytes: int
-    first_seq: int
-    last_seq: int
-    first_at: datetime | None
-    last_at: datetime | None
-    consumers: int
 
 
 class BridgeStore:
