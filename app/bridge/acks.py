@@ -48,6 +48,9 @@ _KINDS: dict[p.AckKind, AckType] = {
 
 # Only NAK and TERM are advised (as on the server); plain acks skip the advisory work.
 _ADVISED = frozenset({p.AckKind.NAK, p.AckKind.TERM})
+# nats-server answers no +ACK or +TERM for a sequence it never delivered (a NAK or +WPI it
+# answers whatever the sequence).
+_SILENT_WHEN_UNKNOWN = frozenset({p.AckKind.ACK, p.AckKind.TERM})
 
 
 class InboundAck(NamedTuple):
@@ -117,6 +120,7 @@ class AckProcessor:
                 self._reply_all(acks)
                 continue
             applicable = [a for a in acks if a.command.kind in _KINDS]
+            unanswered: set[int] = set()
             for round_ in _rounds(applicable):
                 items = [
                     AckItem(
@@ -131,7 +135,13 @@ class AckProcessor:
                 result = await apply_acks(self._service, consumer, items)
                 self.applied += sum(1 for o in result.outcomes if o.result.applied)
                 await self._advise(round_, [o.result for o in result.outcomes], result.dead)
-            self._reply_all(acks)
+                unanswered.update(
+                    id(ack)
+                    for ack, outcome in zip(round_, result.outcomes, strict=True)
+                    if outcome.result is AckResult.UNKNOWN_JOB
+                    and ack.command.kind in _SILENT_WHEN_UNKNOWN
+                )
+            self._reply_all([a for a in acks if id(a) not in unanswered])
             for ack in acks:
                 if ack.command.kind is p.AckKind.NEXT and ack.reply:
                     self._engine.submit(consumer, ack.reply, ack.command.next_request)
