@@ -57,7 +57,7 @@ def consumer(item: Consumer, *, default_ack_wait: int, with_token: bool = False)
             "CallbackURL": item.callback_url,
             "DeadLetterQueueURL": consumer_path(item.channel_id, item.id) + "/dlq",
             "Type": item.type.value,
-            "AckWait": item.ack_wait_seconds or default_ack_wait,
+            "AckWait": item.ack_wait(default_ack_wait),
             "MaxAckPending": item.max_ack_pending,
         }
     )

@@ -211,10 +211,6 @@ class PullEngine:
             ),
         )
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def claimed_ahead(self) -> int:
         """Jobs claimed for requests yet to come: ready to hand out, or being claimed."""
         return self.scheduler.claimed_ahead()

@@ -51,6 +51,10 @@ class Consumer:
     created_at: datetime
     updated_at: datetime
 
+    def ack_wait(self, default: int) -> int:
+        """Seconds a claim leases a job for: the consumer's own ack wait, or the broker's."""
+        return self.ack_wait_seconds or default
+
 
 class Message(NamedTuple):
     pk: int

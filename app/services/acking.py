@@ -144,7 +144,7 @@ class AckService:
                 )
                 requeued = requeued or any(j.status is JobStatus.QUEUED for j in changed)
             else:
-                ack_wait = consumer.ack_wait_seconds or self._default_ack_wait
+                ack_wait = consumer.ack_wait(self._default_ack_wait)
                 changed = await store.extend(consumer.pk, targets, ack_wait)
             result = AckResult.EXTENDED if kind is AckType.PROGRESS else DONE
             for j in changed:

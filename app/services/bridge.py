@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from app.domain.jobs import RetryPolicy
 from app.domain.models import MAX_FIELD_LENGTH, Consumer, StreamState
-from app.domain.pulls import AckItem, ClaimBatch
+from app.domain.pulls import AckItem
 from app.services.acking import AckBatch, AckService
 from app.services.claiming import ClaimSource
 from app.store.bridge import BridgeStore, DeliveryState
@@ -75,13 +75,6 @@ class BridgeService:
     async def channel_ids(self) -> list[str]:
         async with self._db.transaction() as tx:
             return await BridgeStore(tx).channel_ids()
-
-    async def claim(self, consumer: Consumer, limit: int) -> ClaimBatch:
-        """A numbered claim, as the scheduler makes for a JetStream request."""
-        return await self._claims.claim(consumer, limit, numbered=True)
-
-    async def release(self, consumer: Consumer, targets: Sequence[tuple[int, int]]) -> None:
-        await self._claims.release(consumer.pk, targets)
 
     async def acks(self, consumer: Consumer, items: Sequence[AckItem]) -> AckBatch:
         return await self._acks.ack_for(consumer, items)

@@ -36,10 +36,6 @@ class ClaimAhead:
     def ready(self) -> int:
         return len(self._ready)
 
-    @property
-    def running(self) -> bool:
-        return self._running is not None
-
     def start(self, sizes: list[int], claims: Awaitable[Sized]) -> None:
         assert self._running is None
         self._running = (sizes, asyncio.ensure_future(claims))

@@ -27,7 +27,7 @@ class ClaimSource:
         return self._default_ack_wait
 
     def ack_wait(self, consumer: Consumer) -> int:
-        return consumer.ack_wait_seconds or self._default_ack_wait
+        return consumer.ack_wait(self._default_ack_wait)
 
     async def claim(
         self,

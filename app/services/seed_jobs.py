@@ -64,7 +64,7 @@ class SeedJobService:
                     current.id,
                     consumer.pk,
                     current.status,
-                    ack_wait=consumer.ack_wait_seconds or self._default_ack_wait,
+                    ack_wait=consumer.ack_wait(self._default_ack_wait),
                     incremental_timeout=incremental_timeout or 0,
                 )
                 changed = moved is not None

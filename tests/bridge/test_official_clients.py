@@ -48,7 +48,7 @@ Publish = Callable[[list[str]], Awaitable[None]]
 KINDS = ("js", "nats-jetstream")
 
 
-class JsError(Exception):
+class ClientError(Exception):
     pass
 
 
@@ -58,7 +58,7 @@ def argv_of(kind: str) -> list[str]:
     return [str(PY_VENV / "bin" / "python"), str(PY_CLIENT)]
 
 
-class JsClient:
+class ClientProcess:
     """One client process (tests/js/client.mjs or the nats-jetstream driver): a command in,
     an answer out."""
 
@@ -66,7 +66,7 @@ class JsClient:
         self._proc = proc
 
     @classmethod
-    async def start(cls, kind: str) -> JsClient:
+    async def start(cls, kind: str) -> ClientProcess:
         proc = await asyncio.create_subprocess_exec(
             *argv_of(kind),
             cwd=JS_DIR,
@@ -84,7 +84,7 @@ class JsClient:
         assert line, f"the node client ended during {op}"
         answer = json.loads(line)
         if "error" in answer:
-            raise JsError(f"{op}: {answer['error']}")
+            raise ClientError(f"{op}: {answer['error']}")
         return answer["ok"]
 
     async def close(self) -> None:
@@ -116,8 +116,8 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def js_client(kind: str) -> AsyncIterator[JsClient]:
-    client = await JsClient.start(kind)
+async def official_client(kind: str) -> AsyncIterator[ClientProcess]:
+    client = await ClientProcess.start(kind)
     try:
         yield client
     finally:
@@ -133,7 +133,7 @@ def seen(messages: list[dict[str, Any]] | dict[str, Any] | None) -> Any:
     return [seen(m) for m in messages]
 
 
-async def scenario(js: JsClient, url: str, publish: Publish) -> dict[str, Any]:
+async def scenario(js: ClientProcess, url: str, publish: Publish) -> dict[str, Any]:
     r: dict[str, Any] = {}
     # checkAPI: the client asks $JS.API.INFO whether JetStream is there before its first use.
     await js.call("connect", servers=url, checkApi=True)
@@ -221,7 +221,7 @@ async def reference(server: NatsServer, kind: str) -> dict[str, Any]:
                         },
                     )
 
-            client = await JsClient.start(kind)
+            client = await ClientProcess.start(kind)
             try:
                 _reference[kind] = await scenario(client, server.url, publish)
             finally:
@@ -272,7 +272,7 @@ async def test_the_client_sees_the_bridge_as_it_sees_jetstream(
     async def publish(names: list[str]) -> None:
         await publish_http(client, names)
 
-    js = await JsClient.start(kind)
+    js = await ClientProcess.start(kind)
     try:
         actual = await scenario(js, hub.url, publish)
     finally:
@@ -288,15 +288,17 @@ async def test_consume_acks_300_jobs_each_delivered_once(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
     runtime: Runtime,
-    js_client: JsClient,
+    official_client: ClientProcess,
 ) -> None:
     await make_bridge("hybrid")
     names = [f"j{n}" for n in range(300)]
     await publish_http(client, names)
-    await js_client.call("connect", servers=hub.url)
-    await js_client.call("consumer", stream="orders", name="workers")
-    consumed = await js_client.call("consume", count=300, max_messages=100, ack=True, within=60)
-    await js_client.call("flush")
+    await official_client.call("connect", servers=hub.url)
+    await official_client.call("consumer", stream="orders", name="workers")
+    consumed = await official_client.call(
+        "consume", count=300, max_messages=100, ack=True, within=60
+    )
+    await official_client.call("flush")
     assert sorted(m["data"] for m in consumed) == sorted(names)
     assert all(m["info"]["deliveryCount"] == 1 for m in consumed)
 

@@ -13,7 +13,8 @@ from sqlalchemy import update
 from app.bridge.acks import apply_acks
 from app.config import ConfigError, NatsConfig, load_config_text
 from app.domain.jobs import AckType, JobStatus
-from app.domain.pulls import AckItem, AckResult
+from app.domain.models import Consumer
+from app.domain.pulls import AckItem, AckResult, ClaimBatch
 from app.runtime import Runtime
 from app.services.admin import ConsumerForm
 from app.services.bridge import BridgeService
@@ -59,6 +60,11 @@ async def publish(runtime: Runtime, count: int) -> None:
         )
 
 
+async def claim(rt: Runtime, consumer: Consumer, limit: int) -> ClaimBatch:
+    """A numbered claim, as the scheduler makes one for a JetStream request."""
+    return await rt.claims.claim(consumer, limit, numbered=True)
+
+
 async def test_delivery_sequences_are_per_consumer_and_gapless(both: Runtime) -> None:
     """Each consumer numbers its deliveries 1, 2, 3 ... as JetStream does, whatever another
     consumer of the channel took; claims of one consumer side by side never share a number."""
@@ -70,13 +76,13 @@ async def test_delivery_sequences_are_per_consumer_and_gapless(both: Runtime) ->
     other = (await service.lookup("orders", "other")).consumer
     assert workers is not None and other is not None
     await publish(both, 3)
-    first = await service.claim(workers, 2)
+    first = await claim(both, workers, 2)
     assert [d.seq for d in first.deliveries] == [1, 2]
     assert first.last_seq == 2
-    assert [d.seq for d in (await service.claim(other, 3)).deliveries] == [1, 2, 3]
-    assert [d.seq for d in (await service.claim(workers, 5)).deliveries] == [3]
+    assert [d.seq for d in (await claim(both, other, 3)).deliveries] == [1, 2, 3]
+    assert [d.seq for d in (await claim(both, workers, 5)).deliveries] == [3]
     await publish(both, 40)
-    batches = await asyncio.gather(*(service.claim(workers, 5) for _ in range(8)))
+    batches = await asyncio.gather(*(claim(both, workers, 5) for _ in range(8)))
     numbers = [d.seq for batch in batches for d in batch.deliveries]
     assert sorted(numbers) == list(range(4, 44))
     for batch in batches:  # each claim's numbers follow its queue order
@@ -90,14 +96,14 @@ async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
     consumer = (await service.lookup("orders", "workers")).consumer
     assert consumer is not None and consumer.max_ack_pending == CAPS[cap]
     await publish(both, 3)
-    batch = await service.claim(consumer, 2)
+    batch = await claim(both, consumer, 2)
     assert [d.job.id for d in batch.deliveries] == [1, 2]
     assert [d.seq for d in batch.deliveries] == [1, 2]
     assert [d.pending for d in batch.deliveries] == [2, 1]  # job 3 is still due
     assert batch.due == 1 and batch.last_seq == 2 and batch.last_stream_seq == 2
     # Give job 2 back: due again, its attempt returned, no retry counted.
-    await service.release(consumer, [(2, 1)])
-    await service.release(consumer, [(1, 7)])  # a stale attempt changes nothing
+    await both.claims.release(consumer.pk, [(2, 1)])
+    await both.claims.release(consumer.pk, [(1, 7)])  # a stale attempt changes nothing
     async with both.db.transaction() as tx:
         jobs = JobStore(tx)
         one, two = await jobs.get(1), await jobs.get(2)
@@ -113,7 +119,7 @@ async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
     assert snapshot.state.last_delivery_seq == 2 and snapshot.state.last_stream_seq == 2
     assert snapshot.state.outstanding == 0  # job 2 was given back, job 1 acked
     assert snapshot.stats.due == 2
-    later = await service.claim(consumer, 5)
+    later = await claim(both, consumer, 5)
     assert [(d.job.id, d.job.attempt, d.seq) for d in later.deliveries] == [(2, 1, 3), (3, 1, 4)]
     assert later.due == 0
     # A NAK that uses up the retries reports the job as dead.
@@ -122,7 +128,7 @@ async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
         if attempt > 1:
             async with both.db.transaction() as tx:  # make the nak'ed job due at once
                 await tx.conn.execute(update(job).values(earliest_next_attempt_at=job.c.created_at))
-            [again] = (await service.claim(consumer, 1)).deliveries
+            [again] = (await claim(both, consumer, 1)).deliveries
             assert again.job.id == 2
         result = await service.acks(consumer, [AckItem(2, AckType.NAK, attempt=attempt, delay=60)])
         assert [o.result for o in result.outcomes] == [AckResult.DONE]
@@ -177,7 +183,7 @@ async def test_an_ack_the_database_refuses_is_dropped_alone(both: Runtime) -> No
     consumer = (await service.lookup("orders", "workers")).consumer
     assert consumer is not None
     await publish(both, 3)
-    batch = await service.claim(consumer, 3)
+    batch = await claim(both, consumer, 3)
     assert [d.job.id for d in batch.deliveries] == [1, 2, 3]
     items = [
         AckItem(1, AckType.ACK, attempt=1),
