@@ -1,4 +1,5 @@
-"""The requeue sweep: expired leases back to QUEUED with backoff, or DEAD after max-retry."""
+"""The requeue sweep: expired leases back to QUEUED due at once, or DEAD after max-retry; and
+the sweeper's pause, which ends as the earliest lease does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from app.domain.jobs import backoff_seconds
 from app.runtime import Runtime
 from app.services.sweeping import SweepService
-from app.sweeper.runner import Sweeper
+from app.sweeper.runner import MIN_PAUSE, Sweeper
 from tests.helpers_pull import (
     PullConsumer,
     consumer_pk,
@@ -23,6 +24,7 @@ from tests.helpers_pull import (
     publish_many,
     pull,
     pull_jobs,
+    put_consumer,
     setup_channel,
     status_counts,
     until_waiting,
@@ -45,21 +47,15 @@ async def expire_and_sweep(runtime: Runtime, job_id: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("extra_config", "delays", "max_retry"),
-    [
-        ("", (5, 30, 60), 5),
-        ("[broker]\nretry-backoff-delays-in-seconds=2,7\nmax-retry=4\n", (2, 7), 4),
-        ("[broker]\nretry-backoff-delays-in-seconds=3\nmax-retry=3\n", (3,), 3),
-    ],
-    ids=["5,30,60", "2,7", "3"],
+    ("extra_config", "max_retry"),
+    [("", 5), ("[broker]\nretry-backoff-delays-in-seconds=2,7\nmax-retry=4\n", 4)],
+    ids=["defaults", "2,7"],
 )
-async def test_every_retry_waits_the_backoff_then_the_job_dies(
-    client: httpx.AsyncClient,
-    k1: PullConsumer,
-    runtime: Runtime,
-    delays: tuple[int, ...],
-    max_retry: int,
+async def test_every_lapse_is_offered_again_at_once_then_the_job_dies(
+    client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime, max_retry: int
 ) -> None:
+    """The lease was the wait (as a JetStream ack wait, an SQS visibility timeout): a lapsed
+    job counts a retry but is due at once, whatever the backoff a nak would wait."""
     await publish(client, "x")
     [job] = await pull_jobs(client, k1)
     for retry in range(1, max_retry + 1):
@@ -67,10 +63,7 @@ async def test_every_retry_waits_the_backoff_then_the_job_dies(
         row = await job_row(runtime, job["ID"])
         assert (row.status, row.retry_count, row.timeout_count) == ("QUEUED", retry, retry)
         assert row.lease_expires_at is None
-        wait = seconds(row.earliest_next_attempt_at, row.status_changed_at)
-        assert wait == pytest.approx(backoff_seconds(delays, retry), abs=0.01), retry
-        assert await pull_jobs(client, k1) == []  # not due before the backoff ends
-        await make_due(runtime, [job["ID"]])
+        assert row.earliest_next_attempt_at == row.status_changed_at
         [again] = await pull_jobs(client, k1)
         assert again["Attempt"] == retry + 1
     await expire_and_sweep(runtime, job["ID"])
@@ -158,7 +151,7 @@ async def test_concurrent_sweepers_split_the_work(
 
 
 @pytest.mark.parametrize(
-    "extra_config", ["[broker]\nretry-backoff-delays-in-seconds=1\n"], ids=["config"]
+    "extra_config", ["[broker]\nretry-backoff-delays-in-seconds=30\n"], ids=["config"]
 )
 async def test_sweep_wakes_a_waiting_pull(client: httpx.AsyncClient, runtime: Runtime) -> None:
     """The waiter saw nothing queued, so only the sweep's wake-up tells it to look again."""
@@ -174,12 +167,12 @@ async def test_sweep_wakes_a_waiting_pull(client: httpx.AsyncClient, runtime: Ru
     r = await asyncio.wait_for(waiting, timeout=15)
     elapsed = time.monotonic() - swept
     assert [(j["ID"], j["Attempt"]) for j in r.json()["Jobs"]] == [(job["ID"], 2)]
-    assert 0.5 <= elapsed < 6  # woken by the sweep, then waited out the 1 s backoff
+    assert elapsed < 10  # woken by the sweep, and no 30 s backoff to wait out
 
 
 @pytest.mark.parametrize(
     "extra_config",
-    ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=1\nmax-retry=1\n"],
+    ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=30\nmax-retry=1\n"],
     ids=["config"],
 )
 async def test_sweeper_loop_requeues_and_dead_letters_on_its_own(
@@ -192,11 +185,11 @@ async def test_sweeper_loop_requeues_and_dead_letters_on_its_own(
     task = asyncio.create_task(sweeper.run(stop))
     try:
         [first] = await pull_jobs(client, k1)
-        # Lease 1 s, sweep every 1 s, backoff 1 s: the job comes back as attempt 2.
+        # Lease 1 s: the job comes back as attempt 2 without the 30 s backoff.
         started = time.monotonic()
         [second] = await pull_jobs(client, k1, no_wait=False, expires=15)
         assert second["Attempt"] == 2
-        assert 1.5 <= time.monotonic() - started < 10
+        assert 0.9 <= time.monotonic() - started < 10
         assert first["ID"] == second["ID"]
         # Attempt 2 expires too, and with max-retry=1 the sweeper dead-letters it.
         deadline = time.monotonic() + 15
@@ -213,7 +206,7 @@ async def test_sweeper_loop_requeues_and_dead_letters_on_its_own(
 @pytest.mark.parametrize("backend", ["postgresql"])
 @pytest.mark.parametrize(
     "extra_config",
-    ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=1\n"],
+    ["[broker]\nrational-delay-in-seconds=1\nretry-backoff-delays-in-seconds=30\n"],
     ids=["config"],
 )
 async def test_sweeper_process_wakes_pulls_of_another_process(
@@ -233,6 +226,24 @@ async def test_sweeper_process_wakes_pulls_of_another_process(
     finally:
         await sweeper.stop()
     assert (again["ID"], again["Attempt"]) == (first["ID"], 2)
+
+
+@pytest.mark.parametrize(
+    "extra_config", ["[broker]\nrational-delay-in-seconds=20\n"], ids=["interval-20"]
+)
+async def test_the_sweepers_pause_ends_with_the_earliest_lease(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    sweeper = Sweeper(runtime.sweeps, runtime.config.broker.rational_delay_seconds)
+    [k1] = await setup_channel(client, "k1")
+    assert await sweeper._pause() == 20  # nothing in flight, no ack wait of its own
+    k2 = await put_consumer(client, "k2", ackWait="7")
+    assert await sweeper._pause() == 7  # a claim may start a 7 s lease at any moment
+    await publish(client, "x")
+    await pull_jobs(client, k2)
+    assert 6 < await sweeper._pause() <= 7.01  # that lease ends first
+    await expire_leases(runtime, [j.id for j in await job_rows(runtime) if j.status == "INFLIGHT"])
+    assert await sweeper._pause() == MIN_PAUSE  # already over: soon, but never a spin
 
 
 async def test_vacuum_waits_for_enough_dead_jobs_then_runs(

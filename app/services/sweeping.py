@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from app.domain.jobs import RetryPolicy
 from app.store import upkeep
 from app.store.db import Database
 from app.store.jobs import JobStore
+from app.store.stakeholders import ConsumerStore
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHorizon:
+    """When the next sweep has work: the earliest running lease's end, and the shortest lease
+    a claim may start meanwhile (a consumer's own ack wait; None: only the default)."""
+
+    next_end: datetime | None
+    shortest_ack_wait: int | None
 
 
 class SweepService:
@@ -20,6 +33,13 @@ class SweepService:
             moved = await JobStore(tx).requeue_expired(self._policy, self._batch)
             tx.announce({j.consumer_pk for j in moved})
         return len(moved)
+
+    async def lease_horizon(self) -> LeaseHorizon:
+        async with self._db.transaction() as tx:
+            return LeaseHorizon(
+                await JobStore(tx).next_lease_end(),
+                await ConsumerStore(tx).shortest_ack_wait(),
+            )
 
     async def vacuum_if_needed(self, min_dead_jobs: int) -> bool:
         """Vacuum the job table (PostgreSQL) once `min_dead_jobs` row versions are dead."""

@@ -443,10 +443,13 @@ class JobStore:
     # -- sweep ---------------------------------------------------------------------------------
 
     async def requeue_expired(self, policy: RetryPolicy, batch: int) -> list[Job]:
-        """Expired leases back to QUEUED (retry + 1, backoff), or DEAD once retries are used up.
+        """Expired leases back to QUEUED (retry + 1, due at once), or DEAD once retries are
+        used up.
 
-        The oldest `batch` expired leases are locked with SKIP LOCKED, so sweepers running side
-        by side split the work instead of repeating it.
+        No backoff here: the lease was the wait, as a JetStream ack wait or an SQS visibility
+        timeout is; a worker that names its failure (nak) gets the backoff. The oldest `batch`
+        expired leases are locked with SKIP LOCKED, so sweepers running side by side split the
+        work instead of repeating it.
         """
         expired = (
             select(job.c.id)
@@ -455,11 +458,19 @@ class JobStore:
             .limit(batch)
             .with_for_update(skip_locked=True)
         )
-        values = self._failure_values(policy, None, "lease expired with no retries left")
+        values = self._failure_values(policy, 0, "lease expired with no retries left")
         values["timeout_count"] = job.c.timeout_count + 1
         return await self._transition(
             [job.c.id.in_(expired.scalar_subquery()), status_is(INFLIGHT)], values
         )
+
+
+    async def next_lease_end(self) -> datetime | None:
+        """When the earliest lease still running ends (None: nothing in flight); one probe of
+        the sweep index."""
+        query = select(func.min(job.c.lease_expires_at)).where(status_is(INFLIGHT))
+        value: datetime | None = (await self._tx.conn.execute(query)).scalar_one()
+        return value
 
 
 def _within_bytes(rows: Sequence[Row[Any, Any]], max_bytes: int) -> list[int]:

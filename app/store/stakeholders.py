@@ -125,6 +125,12 @@ class ConsumerStore:
         row = (await self._tx.conn.execute(select(consumer).where(consumer.c.pk == pk))).first()
         return consumer_from_row(row) if row else None
 
+    async def shortest_ack_wait(self) -> int | None:
+        """The shortest ack wait a consumer sets for itself (None: all take the default)."""
+        query = select(func.min(consumer.c.ack_wait_seconds))
+        value: int | None = (await self._tx.conn.execute(query)).scalar_one()
+        return value
+
     async def insert(self, values: dict[str, Any]) -> Consumer | None:
         try:
             async with self._tx.conn.begin_nested():

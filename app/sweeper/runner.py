@@ -6,10 +6,17 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import UTC, datetime
 
 from app.services.sweeping import SweepService
 
 log = logging.getLogger(__name__)
+
+# A sweep runs just after the earliest lease ends (the margin covers the strict `<` of the
+# sweep and clock rounding), and never sooner than MIN_PAUSE after the last: a lease locked by
+# a sweeper next door, or already past, must not make this one spin.
+LEASE_END_MARGIN = 0.005
+MIN_PAUSE = 0.05
 
 
 class Sweeper:
@@ -34,15 +41,31 @@ class Sweeper:
                     moved = await self._sweeps.sweep_all()
                     if moved:
                         log.info("sweeper requeued or dead-lettered %d expired jobs", moved)
+                    pause = await self._pause()
                 except Exception:
                     log.exception("sweep failed; trying again next round")
+                    pause = self._interval
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self._interval)
+                    await asyncio.wait_for(stop.wait(), timeout=pause)
         finally:
             if vacuum is not None:
                 vacuum.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await vacuum
+
+    async def _pause(self) -> float:
+        """Until the earliest running lease ends, so that a lapsed job is offered again as its
+        lease ends rather than up to an interval later; and never longer than the shortest
+        lease a claim could start meanwhile, so that the round after a new lease still comes
+        before that lease ends."""
+        horizon = await self._sweeps.lease_horizon()
+        pause = self._interval
+        if horizon.shortest_ack_wait is not None:
+            pause = min(pause, horizon.shortest_ack_wait)
+        if horizon.next_end is not None:
+            until = (horizon.next_end - datetime.now(UTC)).total_seconds() + LEASE_END_MARGIN
+            pause = min(pause, until)
+        return max(pause, MIN_PAUSE)
 
     async def _vacuum_loop(self, stop: asyncio.Event) -> None:
         # Its own task: a vacuum of a big table takes seconds, sweeps must not wait for it.
