@@ -35,6 +35,8 @@ SCENARIOS = (
     "idle",
     "jetstream",
     "bridge",
+    "bridge-hybrid",
+    "redelivery",
     "pgqueuer",
     "backlog",
     "soak",
@@ -188,6 +190,7 @@ async def run(settings: Settings) -> int:
             ("wakeup", runner.wakeup),
             ("idle", runner.idle),
             ("nats", runner.nats_pairs),
+            ("redelivery", runner.redelivery),
             ("pgqueuer", runner.pgqueuer),
             ("backlog", runner.backlog_latency),
         ]
@@ -196,7 +199,7 @@ async def run(settings: Settings) -> int:
                 if not any(settings.wants(x) for x in ("pull-batch", "pull-each", "publish")):
                     continue
             elif name == "nats":
-                if not any(settings.wants(x) for x in ("jetstream", "bridge")):
+                if not any(settings.wants(x) for x in ("jetstream", "bridge", "bridge-hybrid")):
                     continue
             elif not settings.wants(name):
                 continue

@@ -31,8 +31,12 @@ BENCH_CONSUMERS = (
     "small",
     "large",
     "natsbr",
+    "natshy",
+    "redeliver",
     "soak",
 )
+# Seed settings beyond token, channel and type.
+CONSUMER_SETTINGS = {"redeliver": {"ack-wait": "2"}}
 PULL_CHANNELS = {
     "bench": BENCH_CONSUMERS,
     "pub": PUB_CONSUMERS,
@@ -85,6 +89,7 @@ def config_text(database_url: str, receiver_port: int, nats_url: str) -> str:
             lines.append(f"{consumer}=")
             sections += [f"[{consumer}]", f"token={token(consumer)}", f"channel={channel}"]
             sections.append("type=pull")
+            sections += [f"{k}={v}" for k, v in CONSUMER_SETTINGS.get(consumer, {}).items()]
     lines.append(f"{PUSH_CONSUMER}=http://127.0.0.1:{receiver_port}/hook")
     sections += [
         f"[{PUSH_CONSUMER}]",
@@ -185,8 +190,16 @@ class Broker:
             await self.dispatcher.stop()
             self.dispatcher = None
 
-    async def start_bridge(self, nats_url: str) -> Service:
-        self.bridge = self._service("bridge", "bridge", {"WEBHOOK_BROKER__NATS__URL": nats_url})
+    async def start_bridge(self, nats_url: str, leaf_url: str | None = None) -> Service:
+        """The bridge on `nats_url`; with `leaf_url`, in hybrid mode (deliveries over a leafnode
+        link, as nats-server makes them)."""
+        env = {"WEBHOOK_BROKER__NATS__URL": nats_url}
+        if leaf_url:
+            env |= {
+                "WEBHOOK_BROKER__NATS__MODE": "hybrid",
+                "WEBHOOK_BROKER__NATS__LEAF_URL": leaf_url,
+            }
+        self.bridge = self._service("bridge", "bridge", env)
         await self.bridge.start()
         return self.bridge
 

@@ -12,11 +12,11 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
-from bench import db, profile
+from bench import db, profile, redelivery
 from bench.broker import PRODUCER, PUB_CONSUMERS, PUSH_CONSUMER, bridge_available, token
 from bench.env import DBNAME, Env, Measured, wait_port
 from bench.pg import free_port
@@ -51,6 +51,10 @@ PAIRS = {
     "publish": "publish",
 }
 STATUS_ACTIVE_HEAD = 12
+
+
+def redelivery_name(who: str) -> str:
+    return f"Redelivery past a {redelivery.ACK_WAIT:.0f} s ack wait: {who}"
 
 
 class Runner:
@@ -535,24 +539,27 @@ class Runner:
     # -- NATS JetStream, and the bridge ----------------------------------------------------------
 
     async def nats_pairs(self) -> None:
-        """Real JetStream and the bridge back to back, `rounds` times, like the ceiling pairs:
-        the bridge's ratio is the median of the rounds' ratios (either runs alone when the
-        other is not wanted)."""
+        """Real JetStream and the bridge (client mode, then hybrid) back to back, `rounds` times,
+        like the ceiling pairs: each bridge mode's ratio is the median of the rounds' ratios
+        (either runs alone when the other is not wanted)."""
         s = self.s
         for round_no in range(1, s.rounds + 1):
             suffix = f" [round {round_no}]" if s.rounds > 1 else ""
             js = await self.jetstream(suffix) if s.wants("jetstream") else None
-            bridge = await self.bridge(suffix) if s.wants("bridge") else None
-            if bridge is not None and bridge.status != "ok":
-                return  # not available or failed: once says it
-            if js is not None and bridge is not None and js.rate:
-                self.pairs.setdefault("bridge", []).append(
-                    {
-                        "ceiling": round(js.rate, 1),
-                        "ours": round(bridge.rate, 1),
-                        "ratio": round(bridge.rate / js.rate, 4),
-                    }
-                )
+            for key, hybrid in (("bridge", False), ("bridge-hybrid", True)):
+                if not s.wants(key):
+                    continue
+                bridge = await self.bridge(suffix, hybrid=hybrid)
+                if bridge.status != "ok":
+                    return  # not available or failed: once says it
+                if js is not None and js.rate:
+                    self.pairs.setdefault(key, []).append(
+                        {
+                            "ceiling": round(js.rate, 1),
+                            "ours": round(bridge.rate, 1),
+                            "ratio": round(bridge.rate / js.rate, 4),
+                        }
+                    )
 
     async def jetstream(self, suffix: str = "") -> Measured:
         """Real JetStream; run again, once, with a bigger stream if the backlog ran dry."""
@@ -662,36 +669,16 @@ class Runner:
             m.notes.append(f"client errors: {result['errors'][:2]}")
         return m
 
-    async def bridge(self, suffix: str = "") -> Measured:
+    async def bridge(self, suffix: str = "", *, hybrid: bool = False) -> Measured:
         s, env = self.s, self.env
-        assert env.broker is not None
-        name = f"NATS bridge: nats-py fetch({s.batch}) + ack(), {s.pollers} pullers{suffix}"
-        available, reason = await asyncio.to_thread(
-            bridge_available, env.broker.config, env.workdir
+        mode = "hybrid" if hybrid else "client"
+        name = (
+            f"NATS bridge ({mode}): nats-py fetch({s.batch}) + ack(), {s.pollers} pullers{suffix}"
         )
-        if not available:
-            m = Measured(name, "ours", status="not available")
-            m.notes.append(f"`webhook-broker bridge`: {reason}")
-            return self.keep(m)
-        # A plain NATS server (no JetStream, so $JS.API is the bridge's to answer).
-        port = free_port()
-        server = Service(
-            "nats-bridge-server",
-            [env.nats.argv[0], "-a", "127.0.0.1", "-p", str(port)],
-            logdir=env.workdir,
-        )
-        env.extra_services.append(server)
-        await server.start()
-        await wait_port(port, server)
-        url = f"nats://127.0.0.1:{port}"
-        bridge = await env.broker.start_bridge(url)
-        try:
-            await asyncio.sleep(3.0)
-            if not bridge.alive():
-                m = Measured(name, "ours", status="failed")
-                m.notes.append(f"bridge exited: {bridge.log_tail(5)[-400:]}")
+        async with self.bridged(name, hybrid=hybrid) as (m, bridge, server, url):
+            if m is not None:
                 return self.keep(m)
-            consumer = "natsbr"
+            consumer = "natshy" if hybrid else "natsbr"
             await env.backlog(consumer, self.need("bridge", s.warmup + s.duration + 3, 20_000))
             await db.vacuum(env.conn, "job")
             spec = {
@@ -738,9 +725,113 @@ class Runner:
                 m.notes.append(f"no job delivered through the bridge: {bridge.log_tail(5)[-400:]}")
             await self.exhausted(m, consumer)
             return self.keep(m)
+        raise AssertionError("unreachable")  # mypy: the context manager may swallow
+
+    @contextlib.asynccontextmanager
+    async def bridged(
+        self, name: str, *, hybrid: bool
+    ) -> AsyncIterator[tuple[Measured | None, Service, Service, str]]:
+        """A plain NATS server (no JetStream, so $JS.API is the bridge's to answer; with a
+        leafnode port when `hybrid`) and `webhook-broker bridge` on it. Yields a Measured when
+        the bridge is not available or did not start, else None."""
+        env = self.env
+        assert env.broker is not None
+        available, reason = await asyncio.to_thread(
+            bridge_available, env.broker.config, env.workdir
+        )
+        port = free_port()
+        argv = [env.nats.argv[0], "-a", "127.0.0.1", "-p", str(port)]
+        leaf_url = None
+        if hybrid:
+            leaf_port = free_port()
+            conf = env.workdir / "nats-leaf.conf"
+            conf.write_text(f"leafnodes {{ listen: 127.0.0.1:{leaf_port} }}\n")
+            argv += ["-c", str(conf)]
+            leaf_url = f"nats-leaf://127.0.0.1:{leaf_port}"
+        server = Service("nats-bridge-server", argv, logdir=env.workdir)
+        if not available:
+            m = Measured(name, "ours", status="not available")
+            m.notes.append(f"`webhook-broker bridge`: {reason}")
+            yield m, server, server, ""
+            return
+        env.extra_services.append(server)
+        await server.start()
+        await wait_port(port, server)
+        url = f"nats://127.0.0.1:{port}"
+        bridge = await env.broker.start_bridge(url, leaf_url)
+        try:
+            await asyncio.sleep(3.0)
+            if not bridge.alive():
+                m = Measured(name, "ours", status="failed")
+                m.notes.append(f"bridge exited: {bridge.log_tail(5)[-400:]}")
+                yield m, bridge, server, url
+            else:
+                yield None, bridge, server, url
         finally:
             await bridge.stop()
             await server.stop()
+
+    async def redelivery(self) -> None:
+        """A lapsed message's way back: real JetStream, then the bridge in hybrid mode."""
+        import nats
+
+        env = self.env
+        nc = await nats.connect(env.nats_url)
+        try:
+            js = nc.jetstream()
+            with contextlib.suppress(Exception):
+                await js.delete_stream("REDELIVER")
+            await js.add_stream(name="REDELIVER", subjects=["redeliver.jobs"], storage="file")
+            await js.add_consumer(
+                "REDELIVER",
+                durable_name="redeliver",
+                ack_policy="explicit",
+                ack_wait=redelivery.ACK_WAIT,
+            )
+
+            async def publish_one() -> None:
+                await js.publish("redeliver.jobs", db.payload().encode())
+
+            await self.redelivered(
+                "NATS JetStream", "baseline", env.nats_url, "REDELIVER", publish_one
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.jetstream().delete_stream("REDELIVER")
+            await nc.close()
+        name = redelivery_name("NATS bridge (hybrid)")
+        async with self.bridged(name, hybrid=True) as (failed, _, _, url):
+            if failed is not None:
+                self.keep(failed)
+                return
+
+            async def queue_one() -> None:
+                await env.backlog("redeliver", 1)
+
+            await self.redelivered("NATS bridge (hybrid)", "ours", url, "bench", queue_one)
+
+    async def redelivered(
+        self,
+        who: str,
+        group: str,
+        url: str,
+        stream: str,
+        refill: Callable[[], Awaitable[None]],
+    ) -> None:
+        started = time.monotonic()
+        lat, problems = await redelivery.past_ack_wait(url, stream, "redeliver", refill)
+        m = Measured(
+            redelivery_name(who),
+            group,
+            jobs=lat.get("n", 0),
+            seconds=time.monotonic() - started,
+            latency_ms={"past_ack_wait": lat},
+        )
+        m.notes.append("ms past the ack wait; jobs/s is not the point here")
+        if problems:
+            m.status = "failed"
+            m.notes.insert(0, problems[0])
+        self.keep(m)
 
     async def delayed_profile(
         self, pid: int, delay: float, seconds: float, tag: str

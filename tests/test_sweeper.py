@@ -9,7 +9,6 @@ import time
 import httpx
 import pytest
 
-from app.domain.jobs import backoff_seconds
 from app.runtime import Runtime
 from app.services.sweeping import SweepService
 from app.sweeper.runner import MIN_PAUSE, Sweeper
@@ -19,7 +18,6 @@ from tests.helpers_pull import (
     expire_leases,
     job_row,
     job_rows,
-    make_due,
     publish,
     publish_many,
     pull,

@@ -464,7 +464,6 @@ class JobStore:
             [job.c.id.in_(expired.scalar_subquery()), status_is(INFLIGHT)], values
         )
 
-
     async def next_lease_end(self) -> datetime | None:
         """When the earliest lease still running ends (None: nothing in flight); one probe of
         the sweep index."""

@@ -13,10 +13,10 @@ from app.services.sweeping import SweepService
 log = logging.getLogger(__name__)
 
 # A sweep runs just after the earliest lease ends (the margin covers the strict `<` of the
-# sweep and clock rounding), and never sooner than MIN_PAUSE after the last: a lease locked by
-# a sweeper next door, or already past, must not make this one spin.
+# sweep and clock rounding). A lease already over that this round did not move (a sweeper next
+# door holds it) is looked at again after MIN_PAUSE, not at once, so that no sweeper spins.
 LEASE_END_MARGIN = 0.005
-MIN_PAUSE = 0.05
+MIN_PAUSE = 0.01
 
 
 class Sweeper:
@@ -63,9 +63,9 @@ class Sweeper:
         if horizon.shortest_ack_wait is not None:
             pause = min(pause, horizon.shortest_ack_wait)
         if horizon.next_end is not None:
-            until = (horizon.next_end - datetime.now(UTC)).total_seconds() + LEASE_END_MARGIN
-            pause = min(pause, until)
-        return max(pause, MIN_PAUSE)
+            until = (horizon.next_end - datetime.now(UTC)).total_seconds()
+            pause = min(pause, until + LEASE_END_MARGIN if until > 0 else MIN_PAUSE)
+        return pause
 
     async def _vacuum_loop(self, stop: asyncio.Event) -> None:
         # Its own task: a vacuum of a big table takes seconds, sweeps must not wait for it.
