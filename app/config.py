@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
+from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ConsumerType
+from app.domain.priority import NO_PRIORITY, PrioritySettings, parse_policy, priority_settings
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -549,7 +551,19 @@ SEED_SECTIONS = (
     "initial-channel-tokens",
     "initial-producer-tokens",
 )
-CONSUMER_SEED_KEYS = frozenset({"token", "channel", "type", "name", "ack-wait", "max-ack-pending"})
+CONSUMER_SEED_KEYS = frozenset(
+    {
+        "token",
+        "channel",
+        "type",
+        "name",
+        "ack-wait",
+        "max-ack-pending",
+        "priority-groups",
+        "priority-policy",
+        "priority-timeout",
+    }
+)
 # Sections of the Go original we accept in a config file but do not implement: any key in them
 # is taken, and reported like a not-implemented key.
 IGNORED_SECTIONS = frozenset({"scheduler", "prune", "dlq", "gateway-auth"})
@@ -674,6 +688,7 @@ class SeedConsumer:
     type: ConsumerType
     ack_wait_seconds: int | None
     max_ack_pending: int | None
+    priority: PrioritySettings = NO_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -996,6 +1011,16 @@ def _seed_consumer(parser: configparser.ConfigParser, key: str, url: str) -> See
         except ValueError as exc:
             raise ConfigError(f"[{key}] {option}={raw!r}: {exc}") from None
 
+    raw_groups = options.get("priority-groups", "")
+    try:
+        priority = priority_settings(
+            [g.strip() for g in raw_groups.split(",")] if raw_groups.strip() else [],
+            parse_policy(options.get("priority-policy")),
+            optional_int("priority-timeout", _positive_int),
+            pull=consumer_type is ConsumerType.PULL,
+        )
+    except InvalidInput as exc:
+        raise ConfigError(f"[{key}] priority-*: {exc.detail}") from None
     return SeedConsumer(
         id=key,
         channel_id=options["channel"],
@@ -1005,6 +1030,7 @@ def _seed_consumer(parser: configparser.ConfigParser, key: str, url: str) -> See
         type=consumer_type,
         ack_wait_seconds=optional_int("ack-wait", _positive_int),
         max_ack_pending=optional_int("max-ack-pending", _positive_int),
+        priority=priority,
     )
 
 
@@ -1047,7 +1073,9 @@ TEMPLATE_FOOTER = """\
 # sample-consumer=http://sample-endpoint/webhook-receiver
 # sample-puller=
 # One section per seeded consumer: token and channel are required; type is push
-# (default) or pull; ack-wait (seconds), max-ack-pending and name are optional.
+# (default) or pull; ack-wait (seconds), max-ack-pending and name are optional, and so are a
+# pull consumer's priority-groups (one group), priority-policy (overflow, pinned_client,
+# prioritized) and priority-timeout (seconds, pinned_client).
 # [sample-consumer]
 # token=sample-consumer-token
 # channel=sample-channel

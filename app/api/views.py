@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from app.domain.models import ClaimedJob, Consumer, Job, Message, Page, PulledJob, Stakeholder
+from app.domain.priority import PriorityPolicy
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -59,6 +60,13 @@ def consumer(item: Consumer, *, default_ack_wait: int, with_token: bool = False)
             "Type": item.type.value,
             "AckWait": item.ack_wait(default_ack_wait),
             "MaxAckPending": item.max_ack_pending,
+            "PriorityGroups": item.priority.groups,
+            "PriorityPolicy": item.priority.policy.value,
+            "PriorityTimeout": (
+                item.priority.timeout()
+                if item.priority.policy is PriorityPolicy.PINNED_CLIENT
+                else None
+            ),
         }
     )
     return body

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
 
 from app.domain.jobs import JobStatus
+from app.domain.priority import NO_PRIORITY, PrioritySettings
 
 T = TypeVar("T")
 
@@ -50,6 +51,7 @@ class Consumer:
     max_ack_pending: int | None
     created_at: datetime
     updated_at: datetime
+    priority: PrioritySettings = NO_PRIORITY
 
     def ack_wait(self, default: int) -> int:
         """Seconds a claim leases a job for: the consumer's own ack wait, or the broker's."""

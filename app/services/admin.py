@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 from app.domain.errors import InvalidInput, NotFound, PreconditionFailed
 from app.domain.models import MAX_FIELD_LENGTH, Consumer, ConsumerType, Cursor, Page, Stakeholder
+from app.domain.priority import PrioritySettings, parse_policy, priority_settings
 from app.store.db import Database, Tx
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
 
@@ -56,6 +57,9 @@ class ConsumerForm:
     type: str | None
     ack_wait: str | None = None
     max_ack_pending: str | None = None
+    priority_groups: str | None = None  # comma-separated (one group; more are refused)
+    priority_policy: str | None = None
+    priority_timeout: str | None = None
 
 
 def is_absolute_url(url: str) -> bool:
@@ -82,6 +86,37 @@ def _optional_positive(name: str, raw: str | None) -> int | None:
     if not 1 <= value <= MAX_INTEGER:
         raise InvalidInput(f"{name} must be a positive integer up to {MAX_INTEGER}")
     return value
+
+
+def priority_values(
+    form: ConsumerForm, consumer_type: ConsumerType, existing: PrioritySettings | None
+) -> dict[str, str | int | None]:
+    """The consumer columns of its priority settings (absent fields keep what it has)."""
+    raw_groups = form.priority_groups
+    if raw_groups is None and form.priority_policy is None and existing is not None:
+        settings = priority_settings(
+            existing.groups,
+            existing.policy,
+            _optional_positive("priorityTimeout", form.priority_timeout)
+            if form.priority_timeout is not None
+            else existing.timeout_seconds,
+            pull=consumer_type is ConsumerType.PULL,
+            existing=existing,
+        )
+    else:
+        groups = [g.strip() for g in (raw_groups or "").split(",")] if raw_groups else []
+        settings = priority_settings(
+            groups,
+            parse_policy(form.priority_policy),
+            _optional_positive("priorityTimeout", form.priority_timeout),
+            pull=consumer_type is ConsumerType.PULL,
+            existing=existing,
+        )
+    return {
+        "priority_group": settings.group,
+        "priority_policy": settings.policy.value,
+        "priority_timeout_seconds": settings.timeout_seconds,
+    }
 
 
 class AdminService:
@@ -136,7 +171,7 @@ class AdminService:
             raise InvalidInput("callbackUrl must be an absolute http(s) URL")
         if consumer_type is ConsumerType.PUSH and not url:
             raise InvalidInput("a push consumer needs an absolute callbackUrl")
-        values = {
+        values: dict[str, datetime | str | int | None] = {
             "name": check_text("name", form.name or consumer_id),
             "token": check_text("token", form.token or new_token()),
             "callback_url": url,
@@ -150,6 +185,9 @@ class AdminService:
                 raise NotFound(f"channel {channel_id!r} not found")
             store = ConsumerStore(tx)
             existing = await store.get(channel_id, consumer_id, for_update=True)
+            values |= priority_values(
+                form, consumer_type, existing.priority if existing is not None else None
+            )
             if existing is not None:
                 check_unmodified_since(existing.updated_at, if_unmodified_since)
                 updated = await store.update(existing.pk, values)

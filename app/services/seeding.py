@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from app.config import SeedConsumer, SeedData
 from app.domain.errors import InvalidInput
+from app.domain.models import ConsumerType
+from app.domain.priority import priority_settings
 from app.services.admin import utcnow
 from app.store.db import Database, Tx
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
@@ -50,6 +52,9 @@ async def _seed_consumer(tx: Tx, seed: SeedConsumer) -> None:
         "type": seed.type.value,
         "ack_wait_seconds": seed.ack_wait_seconds,
         "max_ack_pending": seed.max_ack_pending,
+        "priority_group": seed.priority.group,
+        "priority_policy": seed.priority.policy.value,
+        "priority_timeout_seconds": seed.priority.timeout_seconds,
     }
     existing = await store.get(seed.channel_id, seed.id, for_update=True)
     if existing is None:
@@ -67,6 +72,16 @@ async def _seed_consumer(tx: Tx, seed: SeedConsumer) -> None:
             return
         existing = await store.get(seed.channel_id, seed.id, for_update=True)
         assert existing is not None
+    try:
+        priority_settings(
+            seed.priority.groups,
+            seed.priority.policy,
+            seed.priority.timeout_seconds,
+            pull=seed.type is ConsumerType.PULL,
+            existing=existing.priority,
+        )
+    except InvalidInput as exc:
+        raise SeedError(f"[{seed.id}] priority-*: {exc.detail}") from None
     current = {
         "name": existing.name,
         "token": existing.token,
@@ -74,6 +89,9 @@ async def _seed_consumer(tx: Tx, seed: SeedConsumer) -> None:
         "type": existing.type.value,
         "ack_wait_seconds": existing.ack_wait_seconds,
         "max_ack_pending": existing.max_ack_pending,
+        "priority_group": existing.priority.group,
+        "priority_policy": existing.priority.policy.value,
+        "priority_timeout_seconds": existing.priority.timeout_seconds,
     }
     if current != values:
         await store.update(existing.pk, {**values, "updated_at": utcnow()})

@@ -225,6 +225,10 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
         else "coalesce((SELECT ack_wait_seconds FROM named), %(default_ack_wait)s)"
     )
     uncapped = "" if capped or push else "\n      AND consumer.max_ack_pending IS NULL"
+    if key == "credentials":
+        # A request's own claim (HTTP, before the consumer is read) leaves consumers with a
+        # priority policy alone, as capped ones: their requests go through the scheduler.
+        uncapped += "\n      AND consumer.priority_policy = 'none'"
     # A byte budget keeps the longest prefix of the locked rows that fits (at least one job);
     # the rows it passes over are unlocked when the statement or transaction ends.
     chosen = (
@@ -472,8 +476,10 @@ class Queue:
 # -- SQLite: the same steps in SQLAlchemy Core ---------------------------------------------------
 
 
-async def _sqlite_named(tx: Tx, named: Named, *, capped: bool) -> Row[Any, Any, Any] | None:
-    """The consumer row NAMED selects on PostgreSQL, with the same conditions."""
+async def _sqlite_named(
+    tx: Tx, named: Named, *, capped: bool, claim: bool = False
+) -> Row[Any, Any, Any] | None:
+    """The consumer row NAMED selects on PostgreSQL, with the same conditions (a claim's)."""
     query = select(consumer.c.pk, consumer.c.ack_wait_seconds, consumer.c.max_ack_pending)
     if named.consumer_pk is not None:
         query = query.where(consumer.c.pk == named.consumer_pk, consumer.c.type == named.type.value)
@@ -485,6 +491,8 @@ async def _sqlite_named(tx: Tx, named: Named, *, capped: bool) -> Row[Any, Any, 
             consumer.c.token == named.consumer_token,
             consumer.c.type == ConsumerType.PULL.value,
         )
+        if claim:
+            query = query.where(consumer.c.priority_policy == "none")
     if not capped:
         query = query.where(consumer.c.max_ack_pending.is_(None))
     return (await tx.conn.execute(query)).first()
@@ -535,7 +543,7 @@ async def _sqlite_claim(
         pks: list[int] = list(named.push_pks)
         ack_wait = default_ack_wait
     else:
-        row = await _sqlite_named(tx, named, capped=capped)
+        row = await _sqlite_named(tx, named, capped=capped, claim=True)
         if row is None:
             return NOTHING
         pks = [row.pk]

@@ -68,6 +68,11 @@ consumer = Table(
     Column("type", String(8), nullable=False, server_default="push"),
     Column("ack_wait_seconds", Integer(), nullable=True),
     Column("max_ack_pending", Integer(), nullable=True),
+    # Priority groups (app/domain/priority.py; migration 0004): one group, its policy, and the
+    # pin timeout of a pinned_client consumer (NULL: the default).
+    Column("priority_group", String(16), nullable=True),
+    Column("priority_policy", String(16), nullable=False, server_default="none"),
+    Column("priority_timeout_seconds", Integer(), nullable=True),
     Column("created_at", Timestamp(), nullable=False),
     Column("updated_at", Timestamp(), nullable=False),
     UniqueConstraint("channel_id", "consumer_id"),

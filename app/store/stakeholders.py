@@ -21,6 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.models import Consumer, ConsumerType, Cursor, Page, Stakeholder
+from app.domain.priority import PriorityPolicy, PrioritySettings
 from app.store.db import Tx
 from app.store.pagination import page_bounds, paginate
 from app.store.schema import channel, consumer, producer
@@ -49,6 +50,11 @@ def consumer_from_row(row: Row[Any]) -> Consumer:
         max_ack_pending=row.max_ack_pending,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        priority=PrioritySettings(
+            row.priority_group,
+            PriorityPolicy(row.priority_policy),
+            row.priority_timeout_seconds,
+        ),
     )
 
 

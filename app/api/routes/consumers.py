@@ -37,6 +37,9 @@ async def put_consumer(
         type=form.get("type"),
         ack_wait=form.get("ackWait"),
         max_ack_pending=form.get("maxAckPending"),
+        priority_groups=form.get("priorityGroups"),
+        priority_policy=form.get("priorityPolicy"),
+        priority_timeout=form.get("priorityTimeout"),
     )
     item = await rt.admin.put_consumer(channel_id, consumer_id, fields, since)
     return _one(rt, item, with_token=True)

@@ -1,0 +1,36 @@
+"""Priority groups of pull consumers: one group, a policy and a pin timeout per consumer
+
+Revision ID: 0004_priority_groups
+Revises: 0003_bridge_numbering
+Create Date: 2026-11-23
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0004_priority_groups"
+down_revision: str | None = "0003_bridge_numbering"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("consumer") as batch:
+        batch.add_column(sa.Column("priority_group", sa.String(length=16), nullable=True))
+        batch.add_column(
+            sa.Column(
+                "priority_policy", sa.String(length=16), server_default="none", nullable=False
+            )
+        )
+        batch.add_column(sa.Column("priority_timeout_seconds", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("consumer") as batch:
+        batch.drop_column("priority_timeout_seconds")
+        batch.drop_column("priority_policy")
+        batch.drop_column("priority_group")
