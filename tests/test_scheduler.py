@@ -140,6 +140,8 @@ async def test_idle_requests_get_heartbeats_and_numbered_sinks_get_sequences(
 class NewestFirst:
     """A policy of its own: the request that came last is served first."""
 
+    claims_ahead = True
+
     def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
         return next((w for w in reversed(waiters) if eligible(w)), None)
 

@@ -175,6 +175,7 @@ class ApiHandler:
             num_redelivered=state.redelivered,
             num_waiting=self._engine.num_waiting(consumer.pk),
             num_pending=stats.due,
+            priority=consumer.priority,
         )
         return p.consumer_info(view, datetime.now(UTC), kind)
 

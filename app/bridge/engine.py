@@ -17,6 +17,7 @@ from typing import Protocol
 
 from app.bridge import protocol as p
 from app.domain.models import Consumer, ConsumerType, PulledJob
+from app.domain.priority import PullRefused, check_pull
 from app.domain.pulls import Delivery, PullEnd
 from app.services.scheduler import PullScheduler, Waiter
 
@@ -188,6 +189,11 @@ class PullEngine:
                 f"Exceeded MaxRequestExpires of {p.format_go_duration(limits.max_expires)}",
             )
             return
+        try:
+            terms = check_pull(consumer.priority, spec.terms)
+        except PullRefused as exc:
+            self.status(reply, 400, exc.description)
+            return
         if self.scheduler.full(consumer.pk):
             if not spec.heartbeat:  # the server drops a heartbeat request silently
                 self.status(reply, *p.EXCEEDED_MAX_WAITING)
@@ -208,6 +214,7 @@ class PullEngine:
                 expires_given=bool(spec.expires),
                 expires_at=expires_at,
                 heartbeat=spec.heartbeat / p.NANOS if spec.heartbeat else None,
+                terms=terms,
             ),
         )
 

@@ -17,6 +17,13 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from app.domain.models import StreamState
+from app.domain.priority import (
+    NO_PRIORITY,
+    NO_TERMS,
+    PriorityPolicy,
+    PrioritySettings,
+    PullPriority,
+)
 
 NANOS = 1_000_000_000
 HEADER_LINE = b"NATS/1.0"
@@ -138,6 +145,7 @@ class PullSpec:
     max_bytes: int = 0
     heartbeat: int = 0
     is_json: bool = False
+    terms: PullPriority = NO_TERMS  # priority group fields (none unless the body is JSON)
 
 
 # Field name -> Go type, as in nats-server's JSApiConsumerGetNextRequest.
@@ -190,6 +198,13 @@ def parse_pull_request(body: bytes) -> PullSpec:
         max_bytes=max(int(values.get("max_bytes") or 0), 0),
         heartbeat=max(heartbeat, 0),
         is_json=True,
+        terms=PullPriority(
+            group=str(values.get("group") or "") or None,
+            min_pending=int(values.get("min_pending") or 0),
+            min_ack_pending=int(values.get("min_ack_pending") or 0),
+            pin_id=str(values.get("id") or "") or None,
+            priority=int(values.get("priority") or 0),
+        ),
     )
 
 
@@ -750,6 +765,13 @@ class ConsumerView:
     num_waiting: int
     num_pending: int
     backoff: tuple[int, ...] = ()
+    priority: PrioritySettings = NO_PRIORITY
+    pinned_id: str | None = None
+    pinned_at: datetime | None = None
+
+
+# Go's zero time.Time, which INFO shows as a group's pinned_ts while nothing is pinned.
+GO_ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
 def consumer_info(view: ConsumerView, now: datetime, kind: str = INFO_TYPE) -> bytes:
@@ -770,7 +792,13 @@ def consumer_info(view: ConsumerView, now: datetime, kind: str = INFO_TYPE) -> b
     }
     if view.backoff:
         config["backoff"] = list(view.backoff)
-    document = {
+    priority = view.priority
+    if priority.active:
+        config["priority_groups"] = priority.groups
+        config["priority_policy"] = priority.policy.value
+        if priority.policy is PriorityPolicy.PINNED_CLIENT:
+            config["priority_timeout"] = priority.timeout() * NANOS
+    document: dict[str, object] = {
         "type": kind,
         "stream_name": view.stream,
         "name": view.name,
@@ -782,8 +810,14 @@ def consumer_info(view: ConsumerView, now: datetime, kind: str = INFO_TYPE) -> b
         "num_redelivered": view.num_redelivered,
         "num_waiting": view.num_waiting,
         "num_pending": view.num_pending,
-        "ts": rfc3339(now),
     }
+    if priority.active:
+        group: dict[str, object] = {"group": priority.group}
+        if view.pinned_id:
+            group["pinned_client_id"] = view.pinned_id
+        group["pinned_ts"] = rfc3339(view.pinned_at) if view.pinned_at else GO_ZERO_TIME
+        document["priority_groups"] = [group]
+    document["ts"] = rfc3339(now)
     return json.dumps(document, separators=(",", ":")).encode()
 
 

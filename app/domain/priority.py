@@ -174,6 +174,7 @@ class PullPriority:
 
 
 LAST_RANK = 2**31 - 1
+PLAIN = PullPriority()  # a JSON request without priority fields
 NO_TERMS = PullPriority(json=False)
 
 

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from app.domain.errors import NotFound
 from app.domain.jobs import AckType
 from app.domain.models import PulledJob
+from app.domain.priority import PLAIN, PullPriority
 
 # Job ids are BIGINT: anything larger names no job.
 MAX_JOB_ID = 2**63 - 1
@@ -42,6 +43,7 @@ class PullRequest:
     expires: float = 30.0
     no_wait: bool = False
     incremental_timeout: int = 0
+    terms: PullPriority = PLAIN
 
 
 @dataclass(frozen=True, slots=True)

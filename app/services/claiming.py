@@ -69,6 +69,15 @@ class ClaimSource:
             due = await JobStore(tx).next_due([consumer_pk]) if next_due and fresh else None
         return fresh, due
 
+    async def backlog(self, consumer_pk: int, pending_cap: int, ack_cap: int) -> tuple[int, int]:
+        """The consumer's due jobs and jobs in flight, each counted up to its cap (what
+        overflow requests wait for; the caps keep the counts off a deep backlog's size)."""
+        async with self._db.transaction() as tx:
+            store = JobStore(tx)
+            pending = await store.due_count(consumer_pk, pending_cap) if pending_cap else 0
+            inflight = await store.inflight_count(consumer_pk, ack_cap) if ack_cap else 0
+        return pending, inflight
+
     async def last_delivery(self, consumer_pk: int) -> tuple[int, int]:
         """The consumer's last delivery sequence and last job id handed out (0, 0 before)."""
         async with self._db.transaction() as tx:

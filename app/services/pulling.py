@@ -8,6 +8,7 @@ from collections.abc import Hashable
 
 from app.domain.errors import InvalidInput, TooManyWaiting
 from app.domain.models import Consumer, PulledJob
+from app.domain.priority import PLAIN, PullPriority, check_pull
 from app.domain.pulls import (
     ConsumerCredentials,
     Delivery,
@@ -102,7 +103,9 @@ class PullService:
         """A pull that finds work is one statement; the credentials are checked inside it."""
         self.validate(request)
         waits = not request.no_wait and request.expires > 0 and not self._scheduler.draining
-        if creds.complete:
+        # Priority terms are checked against the consumer first: such a request never claims
+        # before it is read (nor does any request of a consumer with a priority policy).
+        if creds.complete and request.terms == PLAIN:
             assert creds.channel_token is not None and creds.consumer_token is not None
             named = Named.by_credentials(
                 creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
@@ -119,6 +122,11 @@ class PullService:
         # Nothing claimed: bad credentials (raised here), a capped consumer (its claim needs
         # a lock), or nothing due, when only a pull that waits goes on.
         consumer = await self.authenticate(creds)
+        terms = check_pull(consumer.priority, request.terms)
+        if consumer.priority.active:
+            # Which request takes a job is the policy's to say: even a pull that does not
+            # wait is served by the scheduler, beside the requests that do.
+            return await self.wait(consumer, request, terms, waits=waits)
         capped = consumer.max_ack_pending is not None
         if not waits:
             if not capped and creds.complete:
@@ -131,11 +139,18 @@ class PullService:
                 incremental_timeout=request.incremental_timeout,
             )
             return PullResult([d.job for d in batch.deliveries], batch.due)
-        return await self.wait(consumer, request)
+        return await self.wait(consumer, request, terms)
 
-    async def wait(self, consumer: Consumer, request: PullRequest) -> PullResult:
+    async def wait(
+        self,
+        consumer: Consumer,
+        request: PullRequest,
+        terms: PullPriority = PLAIN,
+        *,
+        waits: bool = True,
+    ) -> PullResult:
         """Join the scheduler: up to `batch` jobs, ending with the first hand-out or after
-        `expires` seconds."""
+        `expires` seconds (or, for a pull that does not wait, when nothing is there for it)."""
         if self._scheduler.full(consumer.pk):
             raise TooManyWaiting(
                 f"{self._limits.max_waiting} pull requests are already waiting on this consumer"
@@ -146,10 +161,12 @@ class PullService:
             sink,
             batch_left=request.batch,
             bytes_left=request.max_bytes,
+            no_wait=not waits,
             expires_given=False,
-            expires_at=loop.time() + request.expires,
+            expires_at=loop.time() + request.expires if waits else None,
             incremental_timeout=request.incremental_timeout,
             ends_on_delivery=True,
+            terms=terms,
         )
         self._scheduler.submit(consumer, waiter)
         try:

@@ -18,8 +18,12 @@ consumer's queue changed: it never polls the table. When a round found nothing i
 the consumer again (one read): a deleted consumer ends its requests, a changed one (ack
 wait, max ack pending) is claimed for with its new terms.
 
-Which waiting request the next job goes to is a `WaitPolicy` per consumer (round-robin by
-default): the seam where priority groups plug in.
+Which waiting request the next job goes to is a `WaitPolicy` per consumer: round-robin (no
+policy, overflow), or lowest `priority` first (prioritized). Overflow requests that wait for a
+backlog (min_pending, min_ack_pending) take a job only while the consumer's counts meet their
+terms: the counts are read (capped) before each round that has such requests, and while they
+wait for counts that another process may change, the round runs again every
+OVERFLOW_RECHECK_SECONDS (an overflow queue claims nothing ahead, so that its counts hold).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from app.domain.models import Consumer, ConsumerType
+from app.domain.priority import PLAIN, PriorityPolicy, PullPriority
 from app.domain.pulls import ClaimBatch, Delivery, PullEnd
 from app.services import claim_ahead
 from app.services.claim_ahead import ClaimAhead, Sized
@@ -54,6 +59,10 @@ PARALLEL_CLAIMS = 2
 LINGER_SECONDS = 5.0
 # How long closing waits for idle queues to give back what they claimed ahead.
 SETTLE_SECONDS = 5.0
+# While overflow requests wait for counts they do not meet and jobs are pending, the counts
+# are read again this often (in-flight counts change with other processes' claims, which
+# wake nobody).
+OVERFLOW_RECHECK_SECONDS = 1.0
 
 
 class PullSink(Protocol):
@@ -102,6 +111,7 @@ class Waiter:
     heartbeat: float | None = None  # seconds of idleness between heartbeats
     incremental_timeout: int = 0
     ends_on_delivery: bool = False
+    terms: PullPriority = PLAIN
     delivered: int = 0
     expiry: asyncio.TimerHandle | None = None
     beat: asyncio.TimerHandle | None = None
@@ -121,6 +131,10 @@ class Waiter:
 class WaitPolicy(Protocol):
     """Which waiting request takes the next job (priority groups decide it their way)."""
 
+    @property
+    def claims_ahead(self) -> bool:
+        """Jobs may be claimed for requests yet to come."""
+
     def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
         """The request the next delivery goes to, or None when no request can take one."""
 
@@ -129,7 +143,10 @@ class WaitPolicy(Protocol):
 
 
 class RoundRobin:
-    """nats-server's order: the head request takes one job and goes to the back."""
+    """nats-server's order: the head request takes one job and goes to the back; a request
+    that cannot take it (an overflow request whose terms are not met) goes to the back."""
+
+    claims_ahead = True
 
     def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
         for _ in range(len(waiters)):
@@ -147,6 +164,41 @@ class RoundRobin:
                 waiters.append(waiter)
 
 
+class Overflow(RoundRobin):
+    """Round-robin, claiming nothing ahead: jobs held for requests to come would count as
+    in flight and not as pending, which is what overflow requests decide by."""
+
+    claims_ahead = False
+
+
+class Prioritized:
+    """The request with the lowest priority value takes the next job (a request whose body
+    was not JSON comes last), round-robin among requests of one priority."""
+
+    claims_ahead = True
+
+    def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
+        best: Waiter | None = None
+        for waiter in list(waiters):
+            if (best is None or waiter.terms.rank < best.terms.rank) and eligible(waiter):
+                best = waiter
+        return best
+
+    def served(self, waiters: deque[Waiter], waiter: Waiter) -> None:
+        with contextlib.suppress(ValueError):
+            waiters.remove(waiter)
+        if waiter.batch_left > 0:
+            waiters.append(waiter)
+
+
+def policy_for(consumer: Consumer) -> WaitPolicy:
+    if consumer.priority.policy is PriorityPolicy.PRIORITIZED:
+        return Prioritized()
+    if consumer.priority.policy is PriorityPolicy.OVERFLOW:
+        return Overflow()
+    return RoundRobin()
+
+
 class PullScheduler:
     """The waiting pull requests of this process, one queue per consumer."""
 
@@ -157,7 +209,7 @@ class PullScheduler:
         *,
         max_claim: int,
         max_waiting: int,
-        policy: Callable[[Consumer], WaitPolicy] = lambda consumer: RoundRobin(),
+        policy: Callable[[Consumer], WaitPolicy] = policy_for,
     ) -> None:
         self.claims = claims
         self.signals = signals
@@ -253,6 +305,10 @@ class ConsumerQueue:
         self._next_due: float | None = None
         self._loaded = False
         self._found = 0  # jobs the current round's claims found
+        # Overflow terms: the consumer's (pending, in flight) at the start of this round, when
+        # some request waits for a backlog, and the jobs handed out since.
+        self._backlog: tuple[int, int] | None = None
+        self._handed = 0
         self._flushable: list[PullSink] = []  # sinks of requests ended since the last flush
         self.task = asyncio.create_task(self._run(), name=f"pull-queue-{consumer.pk}")
 
@@ -406,6 +462,8 @@ class ConsumerQueue:
             self.last_stream_seq = max(self.last_stream_seq, stream_seq)
         self._next_due = None  # the claims below say when queued jobs fall due next
         self._found = 0
+        self._backlog = await self._read_backlog()
+        self._handed = 0
         plain = [w for w in self.waiters if not w.own_claim and self._alive(w)]
         if not plain:
             await self._give_back()
@@ -415,18 +473,18 @@ class ConsumerQueue:
             # so the requests still short claim afresh below.
             self._keep(await self.ahead.finish(), loop.time())
             await self._release(self.ahead.stale(loop.time()))
-            wanted = sum(w.batch_left for w in plain)
+            wanted = self._demand(plain)
             drained = False
             if self.ahead.ready < wanted:
                 sizes = self._claim_sizes(wanted - self.ahead.ready)
                 drained = self._keep(await self._claims(sizes, numbered), loop.time())
             leftovers = self._hand_out(self.ahead.take())
-            if numbered:
+            if numbered and self.policy.claims_ahead:
                 self.ahead.keep(leftovers, loop.time())
             else:  # unnumbered jobs cannot wait for a request that wants numbers
                 await self._release(leftovers)
-            still = sum(w.batch_left for w in self.waiters if not w.own_claim)
-            if not drained and any(w.sink.claims_ahead for w in plain):
+            still = self._demand([w for w in self.waiters if not w.own_claim])
+            if not drained and self.policy.claims_ahead and any(w.sink.claims_ahead for w in plain):
                 # While these are sent, the database claims what the requests still want or,
                 # when they are filled, as much again for the next requests of a consumer
                 # pulling in a loop. It is handed out after what is ready now.
@@ -441,11 +499,14 @@ class ConsumerQueue:
             elif still > 0:
                 self._dirty = True
         for w in [w for w in self.waiters if w.own_claim]:
-            if w not in self.waiters or not self._alive(w):
+            if w not in self.waiters or not self._alive(w) or not self._may_take(w):
+                continue
+            limit = min(self._demand([w]), self.scheduler.max_claim)
+            if limit <= 0:
                 continue
             batch = await claims.claim(
                 self.consumer,
-                min(w.batch_left, self.scheduler.max_claim),
+                limit,
                 numbered=numbered,
                 max_bytes=w.bytes_left,
                 incremental_timeout=w.incremental_timeout,
@@ -460,8 +521,67 @@ class ConsumerQueue:
             ):
                 self._end(w, PullEnd.NO_MESSAGES)
             await self._release(leftovers)
+        if self._backlog is not None:
+            self._after_overflow(loop)
         if not self._found and self.waiters:
             await self._recheck(loop)
+
+    # -- overflow terms -------------------------------------------------------------------------
+
+    async def _read_backlog(self) -> tuple[int, int] | None:
+        """The consumer's (pending, in flight) counts, when some request waits for a backlog.
+        Counted up to what the requests' terms and budgets can use, never the whole queue."""
+        waiting = [w for w in self.waiters if w.terms.conditional]
+        if not waiting:
+            return None
+        budget = sum(w.batch_left for w in self.waiters)
+        pending_cap = max(w.terms.min_pending for w in waiting) + budget
+        ack_cap = max(w.terms.min_ack_pending for w in waiting)
+        return await self.scheduler.claims.backlog(self.consumer.pk, pending_cap, ack_cap)
+
+    def _may_take(self, waiter: Waiter) -> bool:
+        """Whether the request's overflow terms let it take the next job now (the job counts
+        as pending; those handed out this round count as in flight)."""
+        if self._backlog is None or not waiter.terms.conditional:
+            return True
+        pending, inflight = self._backlog
+        return waiter.terms.overflows(pending - self._handed, inflight + self._handed)
+
+    def _demand(self, waiters: list[Waiter]) -> int:
+        """Jobs these requests can take: their budgets, or, under overflow terms, as many as
+        handing them out one by one would place (each leaves pending for in flight)."""
+        if self._backlog is None:
+            return sum(w.batch_left for w in waiters)
+        pending, inflight = self._backlog
+        pending, inflight = pending - self._handed, inflight + self._handed
+        budgets = {id(w): w.batch_left for w in waiters}
+        placed = 0
+        while pending - placed > 0:
+            taker = next(
+                (
+                    w
+                    for w in waiters
+                    if budgets[id(w)] > 0 and w.terms.overflows(pending - placed, inflight + placed)
+                ),
+                None,
+            )
+            if taker is None:
+                break
+            budgets[id(taker)] -= 1
+            placed += 1
+        return placed
+
+    def _after_overflow(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Requests whose terms are not met: one that does not wait ends (404, or an empty
+        HTTP answer); the others wait, and while jobs are pending the counts are read again
+        soon, since other processes' claims change them without waking anyone."""
+        assert self._backlog is not None
+        unmet = [w for w in self.waiters if not self._may_take(w)]
+        for w in unmet:
+            if w.no_wait and (w.delivered or not w.expires_given):
+                self._end(w, PullEnd.NO_MESSAGES)
+        if any(w in self.waiters for w in unmet) and self._backlog[0] - self._handed > 0:
+            self._next_due = loop.time() + OVERFLOW_RECHECK_SECONDS
 
     async def _recheck(self, loop: asyncio.AbstractEventLoop) -> None:
         """Nothing was claimed: the consumer may be gone or changed, and when nothing is due,
@@ -482,7 +602,8 @@ class ConsumerQueue:
         self.consumer = fresh
         if next_due is not None:
             until = (next_due - datetime.now(UTC)).total_seconds()
-            self._next_due = loop.time() + max(until, MIN_RECHECK_SECONDS)
+            at = loop.time() + max(until, MIN_RECHECK_SECONDS)
+            self._next_due = at if self._next_due is None else min(self._next_due, at)
 
     def _claim_sizes(self, wanted: int) -> list[int]:
         max_claim = self.scheduler.max_claim
@@ -526,14 +647,14 @@ class ConsumerQueue:
             return False
         return True
 
-    def _takes_shared(self, waiter: Waiter) -> bool:
-        return not waiter.own_claim and self._alive(waiter)
+    def _takes_next(self, waiter: Waiter) -> bool:
+        return not waiter.own_claim and self._alive(waiter) and self._may_take(waiter)
 
     def _hand_out(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Each delivery goes to the request the policy picks (round-robin by default)."""
         leftovers: list[Delivery] = []
         for index, delivery in enumerate(deliveries):
-            waiter = self.policy.pick(self.waiters, self._takes_shared)
+            waiter = self.policy.pick(self.waiters, self._takes_next)
             if waiter is None or not waiter.sink.ready():
                 leftovers = deliveries[index:]
                 break
@@ -568,6 +689,7 @@ class ConsumerQueue:
 
     def _delivered(self, waiter: Waiter) -> None:
         waiter.delivered += 1
+        self._handed += 1
         self._schedule_beat(waiter)  # the idle timer restarts after each delivery
 
     async def _release(self, leftovers: Iterable[Delivery]) -> None:

@@ -220,6 +220,18 @@ class JobStore:
         query = select(func.count()).select_from(due)
         return int((await self._tx.conn.execute(query)).scalar_one())
 
+    async def inflight_count(self, consumer_pk: int, cap: int) -> int:
+        """In-flight jobs of the consumer, counted up to `cap` (an index range scan of at
+        most `cap` entries of ix_job_consumer_status)."""
+        inflight = (
+            select(job.c.id)
+            .where(job.c.consumer_pk == consumer_pk, status_is(INFLIGHT))
+            .limit(cap)
+            .subquery()
+        )
+        query = select(func.count()).select_from(inflight)
+        return int((await self._tx.conn.execute(query)).scalar_one())
+
     async def stats(self, consumer_pk: int) -> QueueStats:
         """Due queued jobs (count and bytes), when the next one falls due, and in-flight count."""
         is_due = job.c.earliest_next_attempt_at <= self._now

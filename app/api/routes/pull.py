@@ -20,11 +20,14 @@ from app.api.deps import CredentialsDep, RuntimeDep
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
+from app.domain.priority import PullPriority
 from app.domain.pulls import AckItem, AckResult, PullRequest
 
 router = APIRouter(tags=["pull"])
 
-PULL_FIELDS = {"batch", "max_bytes", "expires", "no_wait", "incremental_timeout"}
+# The priority group fields are JetStream's, with its names (app/domain/priority.py).
+PRIORITY_FIELDS = {"group", "min_pending", "min_ack_pending", "id", "priority"}
+PULL_FIELDS = {"batch", "max_bytes", "expires", "no_wait", "incremental_timeout", *PRIORITY_FIELDS}
 ACK_FIELDS = {"id", "type", "attempt", "delay", "reason"}
 
 
@@ -49,6 +52,17 @@ def parse_pull(body: dict[str, Any], max_expires: float = DEFAULT_EXPIRES) -> Pu
         no_wait=no_wait,
         incremental_timeout=whole_number(
             body.get("incremental_timeout", 0), "incremental_timeout", maximum=MAX_INT32
+        ),
+        terms=PullPriority(
+            group=optional_str(body.get("group"), "group") or None,
+            min_pending=whole_number(body.get("min_pending", 0), "min_pending", maximum=MAX_ID),
+            min_ack_pending=whole_number(
+                body.get("min_ack_pending", 0), "min_ack_pending", maximum=MAX_ID
+            ),
+            pin_id=optional_str(body.get("id"), "id") or None,
+            priority=whole_number(
+                body.get("priority", 0), "priority", minimum=-MAX_INT32, maximum=MAX_INT32
+            ),
         ),
     )
 
