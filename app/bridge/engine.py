@@ -81,11 +81,13 @@ class NatsRequest:
 
     numbered = True
     claims_ahead = True
-    __slots__ = ("engine", "reply")
+    __slots__ = ("engine", "reply", "uncounted")
 
-    def __init__(self, engine: PullEngine, reply: str) -> None:
+    def __init__(self, engine: PullEngine, reply: str, *, batch_unset: bool = False) -> None:
         self.engine = engine
         self.reply = reply
+        # nats-server counts a request without a batch as batch 0 in its pending headers.
+        self.uncounted = 1 if batch_unset else 0
 
     @property
     def outlet(self) -> Hashable:
@@ -129,7 +131,7 @@ class NatsRequest:
         if status is None:
             return
         headers = (
-            p.pending_headers(waiter.batch_left, waiter.bytes_left or 0)
+            p.pending_headers(waiter.batch_left - self.uncounted, waiter.bytes_left or 0)
             if outcome in WITH_PENDING
             else []
         )
@@ -207,7 +209,7 @@ class PullEngine:
         self.scheduler.submit(
             consumer,
             Waiter(
-                NatsRequest(self, reply),
+                NatsRequest(self, reply, batch_unset=spec.batch_unset),
                 batch_left=spec.batch,
                 bytes_left=spec.max_bytes or None,
                 no_wait=spec.no_wait,

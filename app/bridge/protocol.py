@@ -145,6 +145,9 @@ class PullSpec:
     max_bytes: int = 0
     heartbeat: int = 0
     is_json: bool = False
+    # A JSON request without a batch (or with 0) is served one job, but its pending headers
+    # count from 0, as nats-server's do.
+    batch_unset: bool = False
     terms: PullPriority = NO_TERMS  # priority group fields (none unless the body is JSON)
 
 
@@ -198,6 +201,7 @@ def parse_pull_request(body: bytes) -> PullSpec:
         max_bytes=max(int(values.get("max_bytes") or 0), 0),
         heartbeat=max(heartbeat, 0),
         is_json=True,
+        batch_unset=batch <= 0,
         terms=PullPriority(
             group=str(values.get("group") or "") or None,
             min_pending=int(values.get("min_pending") or 0),

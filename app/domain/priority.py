@@ -105,6 +105,12 @@ def priority_settings(
 ) -> PrioritySettings:
     """Check a consumer's priority settings in nats-server's order (and its error codes);
     `existing` is what the consumer had, of which only the timeout may change."""
+    if existing is not None and (existing.groups, existing.policy) != (groups, policy):
+        raise PriorityConfigError(
+            None,
+            "priority policy and groups can not be changed after the consumer is created "
+            "(only priorityTimeout can)",
+        )
     if policy is not PriorityPolicy.NONE:
         if not pull:
             raise PriorityConfigError(10178, "priority groups can not be used with push consumers")
@@ -132,14 +138,7 @@ def priority_settings(
             raise PriorityConfigError(10197, "PinnedTTL cannot be set when PriorityPolicy is none")
     if timeout_seconds and policy is not PriorityPolicy.PINNED_CLIENT:
         raise InvalidInput("priorityTimeout applies to the pinned_client policy only")
-    wanted = PrioritySettings(groups[0] if groups else None, policy, timeout_seconds)
-    if existing is not None and (existing.group, existing.policy) != (wanted.group, policy):
-        raise PriorityConfigError(
-            None,
-            "priority policy and groups can not be changed after the consumer is created "
-            "(only priorityTimeout can)",
-        )
-    return wanted
+    return PrioritySettings(groups[0] if groups else None, policy, timeout_seconds)
 
 
 @dataclass(frozen=True, slots=True)

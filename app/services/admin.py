@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 from app.domain.errors import InvalidInput, NotFound, PreconditionFailed
 from app.domain.models import MAX_FIELD_LENGTH, Consumer, ConsumerType, Cursor, Page, Stakeholder
-from app.domain.priority import PrioritySettings, parse_policy, priority_settings
+from app.domain.priority import NO_PRIORITY, PrioritySettings, parse_policy, priority_settings
 from app.store.db import Database, Tx
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
 
@@ -91,27 +91,20 @@ def _optional_positive(name: str, raw: str | None) -> int | None:
 def priority_values(
     form: ConsumerForm, consumer_type: ConsumerType, existing: PrioritySettings | None
 ) -> dict[str, str | int | None]:
-    """The consumer columns of its priority settings (absent fields keep what it has)."""
+    """The consumer columns of its priority settings; a field the form leaves out keeps what
+    the consumer has."""
+    kept = existing or NO_PRIORITY
     raw_groups = form.priority_groups
-    if raw_groups is None and form.priority_policy is None and existing is not None:
-        settings = priority_settings(
-            existing.groups,
-            existing.policy,
-            _optional_positive("priorityTimeout", form.priority_timeout)
-            if form.priority_timeout is not None
-            else existing.timeout_seconds,
-            pull=consumer_type is ConsumerType.PULL,
-            existing=existing,
-        )
-    else:
-        groups = [g.strip() for g in (raw_groups or "").split(",")] if raw_groups else []
-        settings = priority_settings(
-            groups,
-            parse_policy(form.priority_policy),
-            _optional_positive("priorityTimeout", form.priority_timeout),
-            pull=consumer_type is ConsumerType.PULL,
-            existing=existing,
-        )
+    groups = [g.strip() for g in raw_groups.split(",")] if raw_groups and raw_groups.strip() else []
+    settings = priority_settings(
+        groups if raw_groups is not None else kept.groups,
+        parse_policy(form.priority_policy) if form.priority_policy is not None else kept.policy,
+        _optional_positive("priorityTimeout", form.priority_timeout)
+        if form.priority_timeout is not None
+        else kept.timeout_seconds,
+        pull=consumer_type is ConsumerType.PULL,
+        existing=existing,
+    )
     return {
         "priority_group": settings.group,
         "priority_policy": settings.policy.value,

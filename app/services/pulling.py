@@ -105,7 +105,8 @@ class PullService:
         waits = not request.no_wait and request.expires > 0 and not self._scheduler.draining
         # Priority terms are checked against the consumer first: such a request never claims
         # before it is read (nor does any request of a consumer with a priority policy).
-        if creds.complete and request.terms == PLAIN:
+        fast = creds.complete and request.terms == PLAIN
+        if fast:
             assert creds.channel_token is not None and creds.consumer_token is not None
             named = Named.by_credentials(
                 creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
@@ -129,7 +130,7 @@ class PullService:
             return await self.wait(consumer, request, terms, waits=waits)
         capped = consumer.max_ack_pending is not None
         if not waits:
-            if not capped and creds.complete:
+            if not capped and fast:  # the claim above found nothing
                 return PullResult([], 0)
             batch = await self._claims.claim(
                 consumer,

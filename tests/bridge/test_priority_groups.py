@@ -1,0 +1,260 @@
+"""Priority groups, by raw pull requests (nats-py cannot send their fields), against real
+JetStream and against the bridge in both transports: the same who-gets-what, status lines and
+pending headers for overflow and prioritized consumers, the same refusals, and the same
+consumer info. Then the same scenarios as HTTP pulls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from app.bridge import protocol as p
+from tests.bridge.conftest import (
+    ACK_WAIT,
+    MAX_RETRY,
+    BridgeFactory,
+    NatsServer,
+    publish_http,
+    uncapped_only,
+)
+
+Publish = Callable[[list[str]], Awaitable[None]]
+MS = 1_000_000  # ns
+POLICIES = {"over": "overflow", "prio": "prioritized"}
+
+
+def next_subject(consumer: str) -> str:
+    return f"$JS.API.CONSUMER.MSG.NEXT.orders.{consumer}"
+
+
+def seen(msg: Any) -> tuple[Any, ...]:
+    headers = msg.headers or {}
+    if "Status" not in headers:
+        return ("msg", msg.data.decode())
+    pending = headers.get("Nats-Pending-Messages")
+    return ("status", headers["Status"], headers.get("Description"), pending)
+
+
+class Requests:
+    """Raw pull requests from their own inboxes; deliveries are acked only when asked."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.unacked: list[Any] = []
+
+    async def send(self, consumer: str, body: dict[str, Any] | bytes) -> Any:
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        await self.nc.publish(next_subject(consumer), raw, reply=inbox)
+        await self.nc.flush()
+        return sub
+
+    async def gather(self, sub: Any, window: float, *, ack: bool = True) -> list[tuple[Any, ...]]:
+        got: list[tuple[Any, ...]] = []
+        deadline = asyncio.get_running_loop().time() + window
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                msg = await sub.next_msg(timeout=left)
+            except NatsTimeoutError:
+                break
+            got.append(seen(msg))
+            if msg.reply:
+                if ack:
+                    await self.nc.publish(msg.reply, b"+ACK")
+                else:
+                    self.unacked.append(msg)
+        await sub.unsubscribe()
+        return got
+
+    async def one(
+        self, consumer: str, body: dict[str, Any] | bytes, window: float, *, ack: bool = True
+    ) -> list[tuple[Any, ...]]:
+        return await self.gather(await self.send(consumer, body), window, ack=ack)
+
+    async def ack_all(self) -> None:
+        for msg in self.unacked:
+            await self.nc.publish(msg.reply, b"+ACK")
+        self.unacked.clear()
+        await self.nc.flush()
+
+
+async def scenario(url: str, publish: Publish) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    r = Requests(nc)
+    out: dict[str, Any] = {}
+    expires = 400 * MS
+    try:
+        # Refusals, in the server's order of checks.
+        out["group_missing"] = await r.one("over", {"batch": 1, "expires": expires}, 0.3)
+        out["group_invalid"] = await r.one("over", {"group": "nope", "expires": expires}, 0.3)
+        out["pin_id_not_pinned"] = await r.one("over", {"group": "jobs", "id": "x"}, 0.3)
+        out["priority_range"] = await r.one("prio", {"group": "jobs", "priority": 10}, 0.3)
+        out["overflow_terms_on_plain"] = await r.one("workers", {"min_pending": 1}, 0.3)
+        out["group_on_plain_is_ignored"] = await r.one(
+            "workers", {"group": "jobs", "priority": 3, "expires": expires}, 0.6
+        )
+
+        # overflow: two pending.
+        await publish(["o1", "o2"])
+        await asyncio.sleep(0.2)
+        out["min_pending_unmet"] = await r.one(
+            "over", {"group": "jobs", "min_pending": 5, "expires": expires}, 0.6
+        )
+        out["min_pending_met"] = await r.one(
+            "over", {"group": "jobs", "min_pending": 2, "batch": 1, "expires": expires}, 0.6
+        )
+        # One left pending: min_pending 2 no longer holds for it.
+        out["min_pending_now_unmet"] = await r.one(
+            "over", {"group": "jobs", "min_pending": 2, "expires": expires}, 0.6
+        )
+        out["no_wait_unmet"] = await r.one(
+            "over", {"group": "jobs", "min_pending": 5, "no_wait": True}, 0.3
+        )
+        # Two in flight, unacked.
+        await publish(["o3", "o4"])
+        await asyncio.sleep(0.2)
+        out["plain_pull_on_overflow"] = await r.one(
+            "over", {"group": "jobs", "batch": 2, "expires": expires}, 0.6, ack=False
+        )
+        out["min_ack_pending_unmet"] = await r.one(
+            "over", {"group": "jobs", "min_ack_pending": 3, "expires": expires}, 0.6
+        )
+        out["min_ack_pending_met"] = await r.one(
+            "over", {"group": "jobs", "min_ack_pending": 2, "batch": 2, "expires": expires}, 0.6
+        )
+        await r.ack_all()
+        await publish(["e1"])
+        await asyncio.sleep(0.2)
+        out["empty_body_bypasses_checks"] = await r.one("over", b"", 0.3)
+
+        # Everything the prioritized consumer has so far goes first.
+        drained = await r.one("prio", {"group": "jobs", "batch": 10, "no_wait": True}, 0.5)
+        out["prio_backlog"] = drained
+
+        # prioritized: requests with priorities 5, 1 and 0 (batch 2 each) wait, then three
+        # messages come: priority 0 takes two, priority 1 the third, priority 5 none.
+        subs = {}
+        for name, priority in (("p5", 5), ("p1", 1), ("p0", 0)):
+            body = {"group": "jobs", "priority": priority, "batch": 2, "expires": 1500 * MS}
+            subs[name] = await r.send("prio", body)
+        await asyncio.sleep(0.3)
+        await publish(["q0", "q1", "q2"])
+        results = await asyncio.gather(*(r.gather(sub, 1.8) for sub in subs.values()))
+        out["prioritized"] = dict(zip(subs, results, strict=True))
+        await nc.flush()
+        await asyncio.sleep(0.3)
+        for consumer in POLICIES:
+            info = await nc.request(f"$JS.API.CONSUMER.INFO.orders.{consumer}", b"", timeout=5)
+            out[f"info_{consumer}"] = comparable_info(json.loads(info.data))
+    finally:
+        await nc.close()
+    return out
+
+
+def comparable_info(document: dict[str, Any]) -> dict[str, Any]:
+    """The parts of CONSUMER.INFO that priority groups change, and the counts."""
+    config = document["config"]
+    return {
+        "config": {k: v for k, v in config.items() if k.startswith("priority_")},
+        "priority_groups": document.get("priority_groups"),
+        "num_pending": document["num_pending"],
+        "num_ack_pending": document["num_ack_pending"],
+    }
+
+
+async def jetstream_consumers(nc: Client) -> None:
+    js = nc.jetstream()
+    with contextlib.suppress(Exception):
+        await js.delete_stream("orders")
+    await js.add_stream(name="orders", subjects=["orders"])
+    for name, policy in {"workers": None, **POLICIES}.items():
+        config: dict[str, Any] = {
+            "durable_name": name,
+            "ack_policy": "explicit",
+            "ack_wait": ACK_WAIT * p.NANOS,
+            "max_deliver": MAX_RETRY + 1,
+            "filter_subject": "orders",
+        }
+        if policy:
+            config |= {"priority_groups": ["jobs"], "priority_policy": policy}
+        created = await nc.request(
+            f"$JS.API.CONSUMER.CREATE.orders.{name}.orders",
+            json.dumps({"stream_name": "orders", "config": config}).encode(),
+            timeout=5,
+        )
+        assert "error" not in json.loads(created.data), created.data
+
+
+_reference: dict[str, Any] = {}
+
+
+async def reference(server: NatsServer) -> dict[str, Any]:
+    if not _reference:
+        nc = await nats.connect(server.url)
+        try:
+            await jetstream_consumers(nc)
+            js = nc.jetstream()
+
+            async def publish(names: list[str]) -> None:
+                for name in names:
+                    await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
+
+            _reference.update(await scenario(server.url, publish))
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.jetstream().delete_stream("orders")
+            await nc.close()
+    return _reference
+
+
+async def broker_consumers(client: httpx.AsyncClient) -> None:
+    for name, policy in POLICIES.items():
+        form = {
+            "token": f"{name}-token",
+            "type": "pull",
+            "ackWait": str(ACK_WAIT),
+            "priorityGroups": "jobs",
+            "priorityPolicy": policy,
+        }
+        response = await client.put(f"/channel/orders/consumer/{name}", data=form)
+        assert response.status_code == 200, response.text
+
+
+@uncapped_only
+@pytest.mark.parametrize("mode", ["client", "hybrid"])
+async def test_priority_groups_match_jetstream(
+    mode: str,
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+) -> None:
+    expected = await reference(jetstream_server)
+    # What the protocol document recorded, so that a scenario observing nothing fails.
+    assert expected["group_missing"] == [
+        ("status", "400", "Bad Request - Priority Group missing", None)
+    ]
+    # (A request without "batch" counts its batch as 0 in the pending header of its 408.)
+    assert expected["min_pending_unmet"] == [("status", "408", "Request Timeout", "0")]
+    assert expected["min_pending_met"] == [("msg", "o1")]
+    assert expected["prioritized"] == {
+        "p5": [("status", "408", "Request Timeout", "2")],
+        "p1": [("msg", "q2"), ("status", "408", "Request Timeout", "1")],
+        "p0": [("msg", "q0"), ("msg", "q1")],
+    }
+    await broker_consumers(client)
+    await make_bridge(mode)
+    actual = await scenario(hub.url, lambda names: publish_http(client, names))
+    for key, value in expected.items():
+        assert actual[key] == value, key
+    assert actual.keys() == expected.keys()

@@ -1,0 +1,188 @@
+"""Priority groups over HTTP: a consumer's settings (PUT, GET, seed), the pull request's
+priority fields with nats-server's refusals, and overflow and prioritized pulls, on both
+backends. (The same scenarios as raw NATS requests, against real JetStream:
+tests/bridge/test_priority_groups.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from app.runtime import Runtime
+from tests.helpers_pull import (
+    CHANNEL,
+    PullConsumer,
+    consumer_pk,
+    publish,
+    pull,
+    pull_jobs,
+    put_consumer,
+    setup_channel,
+    until_waiting,
+)
+
+
+async def put_raw(client: httpx.AsyncClient, consumer_id: str, **fields: str) -> httpx.Response:
+    form = {"token": f"{consumer_id}-token", "type": "pull", **fields}
+    return await client.put(f"/channel/{CHANNEL}/consumer/{consumer_id}", data=form)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"priorityGroups": "jobs"}, "consumer can not have priority groups when policy is none"),
+        ({"priorityPolicy": "overflow"}, "requires at least one PriorityGroup"),
+        ({"priorityGroups": "a,b", "priorityPolicy": "overflow"}, "only one priority group"),
+        ({"priorityGroups": "no spaces", "priorityPolicy": "overflow"}, "Valid priority group"),
+        ({"priorityGroups": "jobs", "priorityPolicy": "failover"}, "priorityPolicy must be"),
+        (
+            {"priorityGroups": "jobs", "priorityPolicy": "overflow", "priorityTimeout": "5"},
+            "pinned_client policy only",
+        ),
+        (
+            {
+                "type": "push",
+                "callbackUrl": "http://127.0.0.1:9/h",
+                "priorityGroups": "jobs",
+                "priorityPolicy": "overflow",
+            },
+            "can not be used with push consumers",
+        ),  # fmt: skip
+    ],
+)
+async def test_settings_refused_with_a_reason(
+    client: httpx.AsyncClient, fields: dict[str, str], reason: str
+) -> None:
+    await setup_channel(client)
+    r = await put_raw(client, "k2", **fields)
+    assert r.status_code == 400
+    assert reason in r.json()["detail"]
+
+
+async def test_settings_are_stored_shown_and_only_the_timeout_changes(
+    client: httpx.AsyncClient,
+) -> None:
+    await setup_channel(client)
+    r = await put_raw(
+        client, "pin", priorityGroups="jobs", priorityPolicy="pinned_client", priorityTimeout="30"
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["PriorityGroups"], body["PriorityPolicy"], body["PriorityTimeout"]) == (
+        ["jobs"],
+        "pinned_client",
+        30,
+    )
+    since = {"If-Unmodified-Since": r.headers["Last-Modified"]}
+    path = f"/channel/{CHANNEL}/consumer/pin"
+    form = {"token": "pin-token", "type": "pull"}
+    r = await client.put(path, data={**form, "priorityPolicy": "overflow"}, headers=since)
+    assert r.status_code == 400 and "can not be changed" in r.json()["detail"]
+    r = await client.put(path, data={**form, "priorityTimeout": "60"}, headers=since)
+    assert r.status_code == 200, r.text
+    got = (await client.get(path)).json()
+    assert (got["PriorityGroups"], got["PriorityPolicy"], got["PriorityTimeout"]) == (
+        ["jobs"],
+        "pinned_client",
+        60,
+    )
+    plain = (await client.get(f"/channel/{CHANNEL}/consumer/k1")).json()
+    assert (plain["PriorityGroups"], plain["PriorityPolicy"], plain["PriorityTimeout"]) == (
+        [],
+        "none",
+        None,
+    )
+
+
+async def policy_consumer(client: httpx.AsyncClient, name: str, policy: str) -> PullConsumer:
+    await setup_channel(client)
+    return await put_consumer(client, name, priorityGroups="jobs", priorityPolicy=policy)
+
+
+@pytest.mark.parametrize(
+    ("policy", "body", "reason"),
+    [
+        ("overflow", {}, "Bad Request - Priority Group missing"),
+        ("overflow", {"group": "nope"}, "Bad Request - Invalid Priority Group"),
+        ("overflow", {"group": "jobs", "id": "x"}, "Not a Pinned Client Priority consumer"),
+        ("prioritized", {"group": "jobs", "priority": 10}, "Priority must be between 0 and 9"),
+        ("prioritized", {"group": "jobs", "min_pending": 1}, "Not a Overflow Priority consumer"),
+    ],
+)
+async def test_pull_terms_refused_as_nats_server_refuses_them(
+    client: httpx.AsyncClient, policy: str, body: dict[str, Any], reason: str
+) -> None:
+    k = await policy_consumer(client, "pol", policy)
+    await publish(client, "x")  # the refusal comes before any claim: the job stays queued
+    r = await pull(client, k, no_wait=True, **body)
+    assert r.status_code == 400
+    assert reason in r.json()["detail"]
+    assert [j["Attempt"] for j in await pull_jobs(client, k, group="jobs")] == [1]
+
+
+async def test_a_plain_consumer_ignores_a_group_but_refuses_overflow_terms(
+    client: httpx.AsyncClient,
+) -> None:
+    [k1] = await setup_channel(client)
+    await publish(client, "x")
+    r = await pull(client, k1, no_wait=True, min_pending=1)
+    assert r.status_code == 400 and "Not a Overflow" in r.json()["detail"]
+    assert len(await pull_jobs(client, k1, group="jobs", priority=3)) == 1
+
+
+async def test_overflow_pulls_take_jobs_only_while_the_backlog_meets_their_terms(
+    client: httpx.AsyncClient,
+) -> None:
+    k = await policy_consumer(client, "over", "overflow")
+    for name in ("o1", "o2"):
+        await publish(client, name)
+    jobs = await pull_jobs(client, k, group="jobs", min_pending=5)
+    assert jobs == []  # two pending
+    [o1] = await pull_jobs(client, k, group="jobs", min_pending=2, batch=2)
+    assert o1["Message"]["Payload"] == "o1"  # the second job would leave one pending
+    assert await pull_jobs(client, k, group="jobs", min_pending=2) == []
+    for name in ("o3", "o4"):
+        await publish(client, name)
+    plain = await pull_jobs(client, k, group="jobs", batch=2)  # no terms: like any pull
+    assert [j["Message"]["Payload"] for j in plain] == ["o2", "o3"]
+    # Three in flight now (o1, o2, o3), one pending.
+    assert await pull_jobs(client, k, group="jobs", min_ack_pending=4) == []
+    [o4] = await pull_jobs(client, k, group="jobs", min_ack_pending=3)
+    assert o4["Message"]["Payload"] == "o4"
+
+
+async def test_a_waiting_overflow_pull_is_served_once_the_backlog_grows(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    k = await policy_consumer(client, "over", "overflow")
+    waiting = asyncio.create_task(pull(client, k, group="jobs", min_pending=3, expires=20))
+    await until_waiting(runtime, await consumer_pk(runtime, "over"))
+    await publish(client, "b1")
+    await publish(client, "b2")
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # two pending: not yet
+    await publish(client, "b3")
+    r = await asyncio.wait_for(waiting, timeout=10)
+    assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == ["b1"]
+
+
+async def test_prioritized_pulls_lowest_priority_first(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    k = await policy_consumer(client, "prio", "prioritized")
+    pk = await consumer_pk(runtime, "prio")
+    polls = {}
+    for n, priority in enumerate((5, 1, 0), start=1):
+        polls[priority] = asyncio.create_task(
+            pull(client, k, group="jobs", priority=priority, batch=2, expires=20)
+        )
+        await until_waiting(runtime, pk, n)
+    for round_no, served in enumerate((0, 1, 5)):
+        await publish(client, f"q{round_no}")
+        r = await asyncio.wait_for(polls[served], timeout=10)
+        # (An HTTP long poll ends with its first hand-out.)
+        assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == [f"q{round_no}"]
+        assert not any(t.done() for p, t in polls.items() if p != served and p > served)
