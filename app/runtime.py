@@ -16,6 +16,7 @@ from app.services.admin import AdminService
 from app.services.claiming import ClaimSource
 from app.services.health import HealthService
 from app.services.messages import MessageQueries
+from app.services.pinning import PinService
 from app.services.publishing import PublishingService
 from app.services.pulling import PullService
 from app.services.push import PushService
@@ -51,6 +52,7 @@ class Runtime:
         self.queue = Queue(self.db)
         ack_wait = config.default_ack_wait_seconds
         self.admin = AdminService(self.db)
+        self.pins = PinService(self.db)
         self.publishing = PublishingService(
             self.db, self.queue, config.broker.max_message_size_bytes
         )

@@ -16,6 +16,7 @@ STATUS: dict[type[errors.BrokerError], int] = {
     errors.TooManyWaiting: 409,
     errors.Conflict: 409,
     errors.PreconditionFailed: 412,
+    errors.PinLost: 423,
     errors.PayloadTooLarge: 413,
     errors.UnsupportedMediaType: 415,
 }

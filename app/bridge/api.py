@@ -1,5 +1,6 @@
-"""The JSON side of the JetStream API the bridge answers: STREAM.NAMES, CONSUMER.INFO and
-CONSUMER.CREATE / DURABLE.CREATE (which never create: they report an existing pull consumer).
+"""The JSON side of the JetStream API the bridge answers: STREAM.NAMES, CONSUMER.INFO,
+CONSUMER.UNPIN and CONSUMER.CREATE / DURABLE.CREATE (which never create: they report an
+existing pull consumer).
 
 Stream name = channel id, consumer name = pull consumer id, the stream's subject = channel id.
 """
@@ -14,6 +15,7 @@ from datetime import UTC, datetime
 from app.bridge import protocol as p
 from app.bridge.engine import PullEngine
 from app.domain.models import Consumer, ConsumerType
+from app.domain.priority import GROUP_NAME, GROUP_NAME_RULE, PriorityConfigError
 from app.services.bridge import BridgeService, Lookup
 
 NAMES_PAGE = 1024
@@ -107,7 +109,29 @@ class ApiHandler:
             return await self._create(tokens[2], tokens[3] if len(tokens) > 3 else None, body)
         if len(tokens) == 5 and tokens[:3] == ["CONSUMER", "DURABLE", "CREATE"]:
             return await self._create(tokens[3], tokens[4], body)
+        if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "UNPIN"]:
+            return await self._unpin(tokens[2], tokens[3], body)
         return None
+
+    async def _unpin(self, stream: str, name: str, body: bytes) -> bytes:
+        """UNPIN, with nats-server's checks in its order."""
+        kind = p.UNPIN_TYPE
+        try:
+            group = p.unpin_group(body)
+        except p.BadRequest as exc:
+            return p.api_error(kind, 400, 10025, str(exc))
+        if not GROUP_NAME.match(group):
+            return p.api_error(kind, 400, 10162, GROUP_NAME_RULE)
+        found = await self._service.lookup(stream, name)
+        if not found.channel_found:
+            return p.stream_not_found(kind)
+        if found.consumer is None:
+            return p.consumer_not_found(kind)
+        try:
+            await self._service.unpin(found.consumer, group)
+        except PriorityConfigError as exc:
+            return p.api_error(kind, 400, exc.err_code, exc.description)
+        return json.dumps({"type": kind}, separators=(",", ":")).encode()
 
     async def _stream_names(self, body: bytes) -> bytes:
         try:
@@ -176,6 +200,8 @@ class ApiHandler:
             num_waiting=self._engine.num_waiting(consumer.pk),
             num_pending=stats.due,
             priority=consumer.priority,
+            pinned_id=snapshot.pin.pinned_id if snapshot.pin else None,
+            pinned_at=snapshot.pin.pinned_at if snapshot.pin else None,
         )
         return p.consumer_info(view, datetime.now(UTC), kind)
 

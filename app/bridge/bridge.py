@@ -82,7 +82,7 @@ class Bridge:
         self.name = name or "webhook-broker-bridge"
         broker = runtime.config
         self.service = BridgeService(
-            runtime.db, runtime.claims, runtime.acks, broker.broker.retry_policy
+            runtime.db, runtime.claims, runtime.acks, broker.broker.retry_policy, runtime.pins
         )
         self.cache = ConsumerCache(self.service)
         self.nc = NatsClient()
@@ -169,6 +169,7 @@ class Bridge:
             f"{api}.STREAM.INFO.*",
             f"{api}.CONSUMER.INFO.*.*",
             f"{api}.CONSUMER.CREATE.>",
+            f"{api}.CONSUMER.UNPIN.*.*",
             f"{api}.CONSUMER.DURABLE.CREATE.*.*",
         ):
             self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=self._api_request))

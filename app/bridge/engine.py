@@ -70,9 +70,11 @@ ENDINGS: dict[PullEnd, tuple[int, str] | None] = {
     PullEnd.TOO_LARGE: p.MESSAGE_SIZE_EXCEEDS,
     PullEnd.BYTES_LEFT: p.BATCH_COMPLETED,
     PullEnd.CONSUMER_DELETED: p.CONSUMER_DELETED,
+    PullEnd.PIN_MISMATCH: p.PIN_ID_MISMATCH,
+    PullEnd.WRONG_PIN: p.WRONG_PIN_ID,
 }
 # Endings whose status carries what the request had left.
-WITH_PENDING = {PullEnd.EXPIRED, PullEnd.TOO_LARGE, PullEnd.BYTES_LEFT}
+WITH_PENDING = {PullEnd.EXPIRED, PullEnd.TOO_LARGE, PullEnd.BYTES_LEFT, PullEnd.WRONG_PIN}
 
 
 class NatsRequest:
@@ -111,7 +113,10 @@ class NatsRequest:
             pending=delivery.pending,
         )
         reply = p.ack_subject(self.engine.ack_prefix, token)
-        header = p.message_header_block(delivery_headers(job, consumer.channel_id))
+        headers = delivery_headers(job, consumer.channel_id)
+        if delivery.pin is not None:
+            headers.append(("Nats-Pin-Id", delivery.pin))
+        header = p.message_header_block(headers)
         # What nats-server counts against max_bytes: subject, reply, headers and payload.
         size = len(consumer.channel_id) + len(reply) + len(header) + len(job.payload)
         if bytes_left is not None and size > bytes_left:

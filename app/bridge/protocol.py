@@ -39,6 +39,8 @@ MESSAGE_SIZE_EXCEEDS = (409, "Message Size Exceeds MaxBytes")
 BATCH_COMPLETED = (409, "Batch Completed")
 CONSUMER_DELETED = (409, "Consumer Deleted")
 PUSH_BASED = (409, "Consumer is push based")
+PIN_ID_MISMATCH = (423, "Nats-Pin-Id mismatch")
+WRONG_PIN_ID = (423, "Nats-Wrong-Pin-Id")
 
 
 class BadRequest(ValueError):
@@ -605,6 +607,7 @@ def subjects_overlap(a: str, b: str) -> bool:
 
 INFO_TYPE = "io.nats.jetstream.api.v1.consumer_info_response"
 CREATE_TYPE = "io.nats.jetstream.api.v1.consumer_create_response"
+UNPIN_TYPE = "io.nats.jetstream.api.v1.consumer_unpin_response"
 NAMES_TYPE = "io.nats.jetstream.api.v1.stream_names_response"
 ACCOUNT_TYPE = "io.nats.jetstream.api.v1.account_info_response"
 STREAM_INFO_TYPE = "io.nats.jetstream.api.v1.stream_info_response"
@@ -635,6 +638,19 @@ def api_error(kind: str, code: int, err_code: int | None, description: str) -> b
         # Responses that embed the server's paging fields carry them beside an error too.
         document.update(total=0, offset=0, limit=0)
     return json.dumps(document, separators=(",", ":")).encode()
+
+
+def unpin_group(body: bytes) -> str:
+    """The group of an UNPIN request (`{"group": ...}`), read as nats-server reads it;
+    BadRequest carries the description of its 10025 error."""
+    try:
+        decoded = json.loads(body.decode("utf-8", "replace"))
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"invalid JSON: {_go_json_error(exc)}") from None
+    group = decoded.get("group") if isinstance(decoded, dict) else None
+    if not isinstance(group, str) or not group:
+        raise BadRequest("invalid JSON: consumer group not specified")
+    return group
 
 
 def stream_not_found(kind: str) -> bytes:

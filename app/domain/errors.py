@@ -51,5 +51,10 @@ class UnsupportedMediaType(BrokerError):
     """The request body has a content type this endpoint does not read."""
 
 
+class PinLost(BrokerError):
+    """A pull names a pin (pinned_client priority group) that another client holds, or that
+    is held no more: drop the pin id and pull again without it (HTTP 423, NATS 423)."""
+
+
 class TooManyWaiting(Conflict):
     """More pull requests are waiting on a consumer than max-waiting allows."""

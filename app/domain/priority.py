@@ -60,6 +60,9 @@ GROUP_INVALID = "Bad Request - Invalid Priority Group"
 PRIORITY_RANGE = f"Bad Request - Priority must be between 0 and {MAX_PRIORITY}"
 NOT_PINNED = "Bad Request - Not a Pinned Client Priority consumer"
 NOT_OVERFLOW = "Bad Request - Not a Overflow Priority consumer"  # sic, the server's text
+GROUP_NAME_RULE = (
+    "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +125,7 @@ def priority_settings(
             if group == "":
                 raise PriorityConfigError(10161, "Group name cannot be an empty string")
             if not GROUP_NAME.match(group):
-                raise PriorityConfigError(
-                    10162,
-                    "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not "
-                    "exceed 16 characters",
-                )
+                raise PriorityConfigError(10162, GROUP_NAME_RULE)
         if len(groups) > 1:
             raise PriorityConfigError(None, "a consumer can have only one priority group")
     else:
@@ -139,6 +138,14 @@ def priority_settings(
     if timeout_seconds and policy is not PriorityPolicy.PINNED_CLIENT:
         raise InvalidInput("priorityTimeout applies to the pinned_client policy only")
     return PrioritySettings(groups[0] if groups else None, policy, timeout_seconds)
+
+
+def check_unpin(settings: PrioritySettings, group: str) -> None:
+    """An unpin names the consumer's group (nats-server checks no policy)."""
+    if not GROUP_NAME.match(group):
+        raise PriorityConfigError(10162, GROUP_NAME_RULE)
+    if group not in settings.groups:
+        raise PriorityConfigError(10160, "Provided priority group does not exist for this consumer")
 
 
 @dataclass(frozen=True, slots=True)

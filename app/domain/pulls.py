@@ -50,6 +50,7 @@ class PullRequest:
 class PullResult:
     jobs: list[PulledJob]
     pending: int
+    pin_id: str | None = None  # pinned_client: the pin the jobs were handed out under
 
 
 class Delivery(NamedTuple):
@@ -58,6 +59,7 @@ class Delivery(NamedTuple):
     job: PulledJob
     seq: int  # the delivery (consumer) sequence number; 0 when the claim was not numbered
     pending: int  # due jobs not yet delivered after this one
+    pin: str | None = None  # pinned_client: the pin it is handed out under (Nats-Pin-Id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,8 @@ class PullEnd(enum.Enum):
     BYTES_LEFT = "batch filled within max_bytes"  # filled with byte budget to spare
     CONSUMER_DELETED = "consumer deleted"
     DROPPED = "dropped"  # nobody to answer: requester gone, link down, shutting down
+    PIN_MISMATCH = "another client holds the pin"  # pinned_client: said when it arrives
+    WRONG_PIN = "the pin it names is no longer held"  # pinned_client: said at a dispatch
 
 
 class AckItem(NamedTuple):

@@ -14,9 +14,11 @@ from app.domain.models import MAX_FIELD_LENGTH, Consumer, StreamState
 from app.domain.pulls import AckItem
 from app.services.acking import AckBatch, AckService
 from app.services.claiming import ClaimSource
+from app.services.pinning import PinService
 from app.store.bridge import BridgeStore, DeliveryState
 from app.store.db import Database
 from app.store.jobs import JobStore, QueueStats
+from app.store.pins import Pin, PinStore
 from app.store.stakeholders import ConsumerStore, channels
 
 
@@ -31,16 +33,23 @@ class ConsumerSnapshot:
     consumer: Consumer
     stats: QueueStats
     state: DeliveryState
+    pin: Pin | None = None
 
 
 class BridgeService:
     def __init__(
-        self, db: Database, claims: ClaimSource, acks: AckService, policy: RetryPolicy
+        self,
+        db: Database,
+        claims: ClaimSource,
+        acks: AckService,
+        policy: RetryPolicy,
+        pins: PinService,
     ) -> None:
         self._db = db
         self._claims = claims
         self._acks = acks
         self._policy = policy
+        self._pins = pins
 
     @property
     def policy(self) -> RetryPolicy:
@@ -83,7 +92,11 @@ class BridgeService:
         async with self._db.transaction() as tx:
             stats = await JobStore(tx).stats(consumer.pk)
             state = await BridgeStore(tx).delivery_state(consumer.pk)
-        return ConsumerSnapshot(consumer, stats, state)
+            pin = await PinStore(tx).current(consumer.pk) if consumer.priority.active else None
+        return ConsumerSnapshot(consumer, stats, state, pin)
+
+    async def unpin(self, consumer: Consumer, group: str) -> bool:
+        return await self._pins.unpin(consumer, group)
 
 
 def _nameable(name: str) -> bool:

@@ -12,6 +12,7 @@ from app.domain.pulls import ClaimBatch
 from app.store.bridge import BridgeStore
 from app.store.db import Database
 from app.store.jobs import JobStore
+from app.store.pins import PinStore
 from app.store.queue import Named, Queue
 from app.store.stakeholders import ConsumerStore
 
@@ -77,6 +78,23 @@ class ClaimSource:
             pending = await store.due_count(consumer_pk, pending_cap) if pending_cap else 0
             inflight = await store.inflight_count(consumer_pk, ack_cap) if ack_cap else 0
         return pending, inflight
+
+    async def pin(self, consumer_pk: int) -> str | None:
+        """The pin of a pinned_client consumer's group (None: nobody holds it)."""
+        async with self._db.transaction() as tx:
+            found = await PinStore(tx).current(consumer_pk)
+        return found.pinned_id if found else None
+
+    async def touch_pin(self, consumer_pk: int, pin_id: str) -> bool:
+        """The pinned client pulled again (False: the pin is not its)."""
+        async with self._db.transaction() as tx:
+            return await PinStore(tx).touch(consumer_pk, pin_id)
+
+    async def assign_pin(self, consumer: Consumer, pin_id: str) -> bool:
+        """Pin the group to `pin_id` unless another process pinned it first."""
+        assert consumer.priority.group is not None
+        async with self._db.transaction() as tx:
+            return await PinStore(tx).assign(consumer.pk, consumer.priority.group, pin_id)
 
     async def last_delivery(self, consumer_pk: int) -> tuple[int, int]:
         """The consumer's last delivery sequence and last job id handed out (0, 0 before)."""

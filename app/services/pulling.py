@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 
-from app.domain.errors import InvalidInput, TooManyWaiting
+from app.domain.errors import InvalidInput, PinLost, TooManyWaiting
 from app.domain.models import Consumer, PulledJob
 from app.domain.priority import PLAIN, PullPriority, check_pull
 from app.domain.pulls import (
@@ -23,6 +23,12 @@ from app.services.scheduler import PullScheduler, Waiter
 from app.store.db import Database
 from app.store.queue import Named, Queue
 
+# What a pull that names a pin it does not hold is told (nats-server's status texts).
+PIN_LOST = {
+    PullEnd.PIN_MISMATCH: "Nats-Pin-Id mismatch: another client holds the pin",
+    PullEnd.WRONG_PIN: "Nats-Wrong-Pin-Id: the pin is no longer held; pull without an id",
+}
+
 
 class Collected:
     """The scheduler's sink for an in-process caller: the jobs, once the request ends."""
@@ -34,6 +40,8 @@ class Collected:
     def __init__(self) -> None:
         self.jobs: list[PulledJob] = []
         self.pending = 0
+        self.pin: str | None = None
+        self.outcome: PullEnd | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def alive(self) -> bool:
@@ -46,9 +54,11 @@ class Collected:
         # A byte budget is kept by the claim statement itself (it counts payload bytes).
         self.jobs.append(delivery.job)
         self.pending = delivery.pending
+        self.pin = delivery.pin
         return len(delivery.job.payload)
 
     def end(self, outcome: PullEnd, waiter: Waiter, pending: int) -> None:
+        self.outcome = outcome
         if not self.jobs:
             self.pending = pending
         if not self.done.done():
@@ -175,4 +185,6 @@ class PullService:
         finally:
             if not sink.done.done():  # the caller went away: so does its request
                 self._scheduler.drop(lambda w: w is waiter)
-        return PullResult(sink.jobs, sink.pending)
+        if sink.outcome in PIN_LOST:
+            raise PinLost(PIN_LOST[sink.outcome])
+        return PullResult(sink.jobs, sink.pending, sink.pin)

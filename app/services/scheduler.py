@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import secrets
+import string
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -112,6 +115,7 @@ class Waiter:
     incremental_timeout: int = 0
     ends_on_delivery: bool = False
     terms: PullPriority = PLAIN
+    pin_checked: bool = False  # pinned_client: its pin id was compared with the pin
     delivered: int = 0
     expiry: asyncio.TimerHandle | None = None
     beat: asyncio.TimerHandle | None = None
@@ -171,6 +175,13 @@ class Overflow(RoundRobin):
     claims_ahead = False
 
 
+class Pinned(RoundRobin):
+    """Round-robin among the requests of the pinned client; nothing is claimed ahead, since
+    the client that gets the next jobs is settled only when they are handed out."""
+
+    claims_ahead = False
+
+
 class Prioritized:
     """The request with the lowest priority value takes the next job (a request whose body
     was not JSON comes last), round-robin among requests of one priority."""
@@ -191,11 +202,19 @@ class Prioritized:
             waiters.append(waiter)
 
 
+def new_pin_id() -> str:
+    """A pin id as nats-server makes them: 22 characters of [0-9A-Za-z]."""
+    alphabet = string.digits + string.ascii_letters
+    return "".join(secrets.choice(alphabet) for _ in range(22))
+
+
 def policy_for(consumer: Consumer) -> WaitPolicy:
     if consumer.priority.policy is PriorityPolicy.PRIORITIZED:
         return Prioritized()
     if consumer.priority.policy is PriorityPolicy.OVERFLOW:
         return Overflow()
+    if consumer.priority.policy is PriorityPolicy.PINNED_CLIENT:
+        return Pinned()
     return RoundRobin()
 
 
@@ -309,6 +328,9 @@ class ConsumerQueue:
         # some request waits for a backlog, and the jobs handed out since.
         self._backlog: tuple[int, int] | None = None
         self._handed = 0
+        # pinned_client: the pin as read at the start of this round (None: nobody holds it).
+        self._pinning = consumer.priority.policy is PriorityPolicy.PINNED_CLIENT
+        self._pin: str | None = None
         self._flushable: list[PullSink] = []  # sinks of requests ended since the last flush
         self.task = asyncio.create_task(self._run(), name=f"pull-queue-{consumer.pk}")
 
@@ -464,6 +486,8 @@ class ConsumerQueue:
         self._found = 0
         self._backlog = await self._read_backlog()
         self._handed = 0
+        if self._pinning:
+            await self._read_pin()
         plain = [w for w in self.waiters if not w.own_claim and self._alive(w)]
         if not plain:
             await self._give_back()
@@ -478,6 +502,8 @@ class ConsumerQueue:
             if self.ahead.ready < wanted:
                 sizes = self._claim_sizes(wanted - self.ahead.ready)
                 drained = self._keep(await self._claims(sizes, numbered), loop.time())
+            if self._pinning and self._pin is None and self.ahead.ready:
+                await self._pin_standby()
             leftovers = self._hand_out(self.ahead.take())
             if numbered and self.policy.claims_ahead:
                 self.ahead.keep(leftovers, loop.time())
@@ -501,6 +527,8 @@ class ConsumerQueue:
         for w in [w for w in self.waiters if w.own_claim]:
             if w not in self.waiters or not self._alive(w) or not self._may_take(w):
                 continue
+            if self._pinning and self._pin is None:
+                continue  # a request with a byte budget takes jobs under a pin only
             limit = min(self._demand([w]), self.scheduler.max_claim)
             if limit <= 0:
                 continue
@@ -539,9 +567,44 @@ class ConsumerQueue:
         ack_cap = max(w.terms.min_ack_pending for w in waiting)
         return await self.scheduler.claims.backlog(self.consumer.pk, pending_cap, ack_cap)
 
+    # -- pinned_client -----------------------------------------------------------------------
+
+    async def _read_pin(self) -> None:
+        """The pin as it is now; a request that arrived naming another pin is told at once,
+        and the pinned client's new requests keep its pin from lapsing."""
+        claims = self.scheduler.claims
+        self._pin = await claims.pin(self.consumer.pk)
+        touched = False
+        for w in [w for w in self.waiters if not w.pin_checked]:
+            w.pin_checked = True
+            if w.terms.pin_id is None or self._pin is None:
+                continue  # a standby, or a pin that ended: told at the next dispatch
+            if w.terms.pin_id != self._pin:
+                self._end(w, PullEnd.PIN_MISMATCH)
+            elif not touched:
+                touched = await claims.touch_pin(self.consumer.pk, self._pin)
+
+    async def _pin_standby(self) -> None:
+        """Jobs are here and nobody holds the pin: the first waiting request without a pin id
+        gets a new one, unless another process pinned the group first."""
+        standby = next(
+            (w for w in self.waiters if w.terms.pin_id is None and not w.own_claim), None
+        )
+        if standby is None:
+            return
+        pin_id = new_pin_id()
+        if await self.scheduler.claims.assign_pin(self.consumer, pin_id):
+            standby.terms = dataclasses.replace(standby.terms, pin_id=pin_id)
+            self._pin = pin_id
+        else:
+            self._pin = await self.scheduler.claims.pin(self.consumer.pk)
+
     def _may_take(self, waiter: Waiter) -> bool:
-        """Whether the request's overflow terms let it take the next job now (the job counts
+        """Whether the request may take the next job now: under a pin, only the pinned
+        client's requests; under overflow terms, while the counts meet them (the job counts
         as pending; those handed out this round count as in flight)."""
+        if self._pinning:
+            return waiter.terms.pin_id == self._pin if self._pin else waiter.terms.pin_id is None
         if self._backlog is None or not waiter.terms.conditional:
             return True
         pending, inflight = self._backlog
@@ -550,6 +613,11 @@ class ConsumerQueue:
     def _demand(self, waiters: list[Waiter]) -> int:
         """Jobs these requests can take: their budgets, or, under overflow terms, as many as
         handing them out one by one would place (each leaves pending for in flight)."""
+        if self._pinning:
+            if self._pin is None:  # the first standby will be pinned
+                first = next((w for w in waiters if w.terms.pin_id is None), None)
+                return first.batch_left if first is not None else 0
+            return sum(w.batch_left for w in waiters if w.terms.pin_id == self._pin)
         if self._backlog is None:
             return sum(w.batch_left for w in waiters)
         pending, inflight = self._backlog
@@ -648,6 +716,11 @@ class ConsumerQueue:
         return True
 
     def _takes_next(self, waiter: Waiter) -> bool:
+        if self._pinning and waiter.terms.pin_id not in (None, self._pin):
+            # A dispatch meets a request naming a pin that is gone: it is told so (as
+            # nats-server does for each such request ahead of the one it serves).
+            self._end(waiter, PullEnd.WRONG_PIN)
+            return False
         return not waiter.own_claim and self._alive(waiter) and self._may_take(waiter)
 
     def _hand_out(self, deliveries: list[Delivery]) -> list[Delivery]:
@@ -658,6 +731,8 @@ class ConsumerQueue:
             if waiter is None or not waiter.sink.ready():
                 leftovers = deliveries[index:]
                 break
+            if self._pin is not None:
+                delivery = delivery._replace(pin=self._pin)
             waiter.sink.offer(self.consumer, delivery, None)
             self._delivered(waiter)
             waiter.batch_left -= 1
@@ -673,6 +748,8 @@ class ConsumerQueue:
         for index, delivery in enumerate(deliveries):
             if waiter not in self.waiters or not waiter.sink.ready():
                 return deliveries[index:]
+            if self._pin is not None:
+                delivery = delivery._replace(pin=self._pin)
             size = waiter.sink.offer(self.consumer, delivery, waiter.bytes_left)
             if size is None:
                 self._end(waiter, PullEnd.TOO_LARGE)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.domain.jobs import RetryPolicy
+from app.services.pinning import PinService
 from app.store import upkeep
 from app.store.db import Database
 from app.store.jobs import JobStore
@@ -26,6 +27,7 @@ class SweepService:
         self._db = db
         self._policy = policy
         self._batch = batch_size
+        self._pins = PinService(db)
 
     async def sweep_once(self) -> int:
         """Sweep one bounded batch; returns how many jobs it moved."""
@@ -33,6 +35,10 @@ class SweepService:
             moved = await JobStore(tx).requeue_expired(self._policy, self._batch)
             tx.announce({j.consumer_pk for j in moved})
         return len(moved)
+
+    async def expire_pins(self) -> list[tuple[int, str]]:
+        """Pins of pinned_client consumers whose client stopped pulling: cleared."""
+        return await self._pins.expire()
 
     async def lease_horizon(self) -> LeaseHorizon:
         async with self._db.transaction() as tx:

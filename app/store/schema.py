@@ -78,6 +78,24 @@ consumer = Table(
     UniqueConstraint("channel_id", "consumer_id"),
 )
 
+# The pin of a pinned_client consumer's group (migration 0004): which client holds it, since
+# when, and when it last pulled (the pin lapses priority_timeout_seconds after that). One row
+# per consumer, made when it is first pinned; the database settles which process pins.
+consumer_group_state = Table(
+    "consumer_group_state",
+    metadata,
+    Column(
+        "consumer_pk",
+        BigInteger(),
+        ForeignKey("consumer.pk", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("group_name", String(16), nullable=False),
+    Column("pinned_id", String(32), nullable=True),
+    Column("pinned_at", Timestamp(), nullable=True),
+    Column("last_pull_at", Timestamp(), nullable=True),
+)
+
 message = Table(
     "message",
     metadata,

@@ -41,6 +41,8 @@ class Sweeper:
                     moved = await self._sweeps.sweep_all()
                     if moved:
                         log.info("sweeper requeued or dead-lettered %d expired jobs", moved)
+                    for consumer_pk, group in await self._sweeps.expire_pins():
+                        log.info("pin of group %s of consumer %s lapsed", group, consumer_pk)
                     pause = await self._pause()
                 except Exception:
                     log.exception("sweep failed; trying again next round")

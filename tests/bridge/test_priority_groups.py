@@ -258,3 +258,177 @@ async def test_priority_groups_match_jetstream(
     for key, value in expected.items():
         assert actual[key] == value, key
     assert actual.keys() == expected.keys()
+
+
+class Pins:
+    """Pin ids are random: each is named by the order it first appeared in (pin1, pin2...)."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def name(self, pin_id: str | None) -> str | None:
+        if pin_id is None:
+            return None
+        return self.names.setdefault(pin_id, f"pin{len(self.names) + 1}")
+
+    def id_of(self, name: str) -> str:
+        return next(pin for pin, named in self.names.items() if named == name)
+
+
+async def pinned_scenario(url: str, publish: Publish) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    pins = Pins()
+    out: dict[str, Any] = {}
+
+    async def one(body: dict[str, Any] | bytes, window: float) -> list[tuple[Any, ...]]:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        await nc.publish(next_subject("pin"), raw, reply=inbox)
+        return await gather(sub, window)
+
+    async def gather(sub: Any, window: float) -> list[tuple[Any, ...]]:
+        got: list[tuple[Any, ...]] = []
+        deadline = asyncio.get_running_loop().time() + window
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                msg = await sub.next_msg(timeout=left)
+            except NatsTimeoutError:
+                break
+            headers = msg.headers or {}
+            if msg.reply:
+                got.append(("msg", msg.data.decode(), pins.name(headers.get("Nats-Pin-Id"))))
+                await nc.publish(msg.reply, b"+ACK")
+            else:
+                got.append(seen(msg))
+        await sub.unsubscribe()
+        return got
+
+    async def unpin(body: bytes) -> Any:
+        reply = await nc.request("$JS.API.CONSUMER.UNPIN.orders.pin", body, timeout=5)
+        return json.loads(reply.data)
+
+    async def info() -> Any:
+        reply = await nc.request("$JS.API.CONSUMER.INFO.orders.pin", b"", timeout=5)
+        [group] = json.loads(reply.data)["priority_groups"]
+        return {
+            "group": group["group"],
+            "pinned": pins.name(group.get("pinned_client_id")),
+            "zero_ts": group["pinned_ts"] == p.GO_ZERO_TIME,
+        }
+
+    try:
+        out["info_unpinned"] = await info()
+        await publish(["a1", "a2"])
+        await asyncio.sleep(0.2)
+        out["first_pull_is_pinned"] = await one({"group": "jobs", "expires": 500 * MS}, 0.7)
+        out["info_pinned"] = await info()
+        out["standby_waits"] = await one({"group": "jobs", "expires": 400 * MS}, 0.7)
+        out["other_id"] = await one({"group": "jobs", "id": "someone", "expires": 400 * MS}, 0.3)
+        pin1 = pins.id_of("pin1")
+        out["pinned_again"] = await one({"group": "jobs", "id": pin1, "expires": 400 * MS}, 0.6)
+
+        out["unpin_bad_json"] = await unpin(b"{x")
+        out["unpin_no_group"] = await unpin(b"{}")
+        out["unpin_other_group"] = await unpin(b'{"group": "other"}')
+        out["unpin"] = await unpin(b'{"group": "jobs"}')
+        # A request naming the old pin, then a standby, wait; a message comes: the server
+        # meets the old pin first and ends it, then pins the standby.
+        standby, stale = nc.new_inbox(), nc.new_inbox()
+        subs = [await nc.subscribe(standby), await nc.subscribe(stale)]
+        await nc.publish(
+            next_subject("pin"),
+            json.dumps({"group": "jobs", "id": pin1, "expires": 1500 * MS}).encode(),
+            reply=stale,
+        )
+        await nc.flush()
+        await asyncio.sleep(0.1)
+        await nc.publish(
+            next_subject("pin"), json.dumps({"group": "jobs", "expires": 1500 * MS}).encode(),
+            reply=standby,
+        )  # fmt: skip
+        await nc.flush()
+        await asyncio.sleep(0.3)
+        await publish(["b1"])
+        standby_got, stale_got = await asyncio.gather(*(gather(s, 1.6) for s in subs))
+        out["after_unpin_standby"] = standby_got
+        out["after_unpin_old_pin"] = stale_got
+        # pin2 stops pulling: after the priority timeout (2 s) a standby is pinned.
+        await publish(["c1"])
+        out["timeout_standby"] = await one({"group": "jobs", "expires": 5000 * MS}, 5.2)
+    finally:
+        await nc.close()
+    return out
+
+
+_pinned_reference: dict[str, Any] = {}
+
+
+async def pinned_reference(server: NatsServer) -> dict[str, Any]:
+    if not _pinned_reference:
+        nc = await nats.connect(server.url)
+        try:
+            js = nc.jetstream()
+            with contextlib.suppress(Exception):
+                await js.delete_stream("orders")
+            await js.add_stream(name="orders", subjects=["orders"])
+            config = {
+                "durable_name": "pin",
+                "ack_policy": "explicit",
+                "ack_wait": ACK_WAIT * p.NANOS,
+                "max_deliver": MAX_RETRY + 1,
+                "filter_subject": "orders",
+                "priority_groups": ["jobs"],
+                "priority_policy": "pinned_client",
+                "priority_timeout": PIN_TIMEOUT * p.NANOS,
+            }
+            created = await nc.request(
+                "$JS.API.CONSUMER.CREATE.orders.pin.orders",
+                json.dumps({"stream_name": "orders", "config": config}).encode(),
+                timeout=5,
+            )
+            assert "error" not in json.loads(created.data), created.data
+
+            async def publish(names: list[str]) -> None:
+                for name in names:
+                    await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
+
+            _pinned_reference.update(await pinned_scenario(server.url, publish))
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.jetstream().delete_stream("orders")
+            await nc.close()
+    return _pinned_reference
+
+
+PIN_TIMEOUT = 2
+
+
+@uncapped_only
+@pytest.mark.parametrize("mode", ["client", "hybrid"])
+async def test_pinned_client_matches_jetstream(
+    mode: str,
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+) -> None:
+    expected = await pinned_reference(jetstream_server)
+    assert expected["first_pull_is_pinned"] == [("msg", "a1", "pin1")]
+    assert expected["other_id"] == [("status", "423", "Nats-Pin-Id mismatch", None)]
+    assert expected["after_unpin_old_pin"] == [("status", "423", "Nats-Wrong-Pin-Id", "0")]
+    assert expected["timeout_standby"] == [("msg", "c1", "pin3")]
+    form = {
+        "token": "pin-token",
+        "type": "pull",
+        "ackWait": str(ACK_WAIT),
+        "priorityGroups": "jobs",
+        "priorityPolicy": "pinned_client",
+        "priorityTimeout": str(PIN_TIMEOUT),
+    }
+    response = await client.put("/channel/orders/consumer/pin", data=form)
+    assert response.status_code == 200, response.text
+    await make_bridge(mode)
+    actual = await pinned_scenario(hub.url, lambda names: publish_http(client, names))
+    for key, value in expected.items():
+        assert actual[key] == value, key

@@ -113,9 +113,32 @@ async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONR
 
     pull_request = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
     result = await rt.pulls.pull(creds, pull_request)
-    return JSONResponse(
-        {"Jobs": [views.pulled_job(j) for j in result.jobs], "Pending": result.pending}
-    )
+    body: dict[str, Any] = {
+        "Jobs": [views.pulled_job(j) for j in result.jobs],
+        "Pending": result.pending,
+    }
+    if result.pin_id is not None:
+        body["PinId"] = result.pin_id
+    return JSONResponse(body)
+
+
+@router.post("/channel/{channel_id}/consumer/{consumer_id}/unpin")
+async def unpin(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
+    """Clear the pin of a pinned_client consumer's group: its next job goes to a standby."""
+
+    async def parse() -> str:
+        body = await json_object(request)
+        unknown = set(body) - {"group"}
+        if unknown:
+            raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
+        group = optional_str(body.get("group"), "group")
+        if not group:
+            raise InvalidInput("group is required")
+        return group
+
+    group = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    unpinned = await rt.pins.unpin_as(creds, group)
+    return JSONResponse({"Group": group, "Unpinned": unpinned})
 
 
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/ack")
