@@ -71,7 +71,9 @@ async def test_delivery_sequences_are_per_consumer_and_gapless(both: Runtime) ->
     await both.admin.put_consumer(
         "orders", "other", ConsumerForm("other-token", None, None, "pull"), None
     )
-    service = BridgeService(both.db, both.claims, both.acks, both.config.broker.retry_policy)
+    service = BridgeService(
+        both.db, both.claims, both.acks, both.config.broker.retry_policy, both.pins
+    )
     workers = (await service.lookup("orders", "workers")).consumer
     other = (await service.lookup("orders", "other")).consumer
     assert workers is not None and other is not None
@@ -92,7 +94,9 @@ async def test_delivery_sequences_are_per_consumer_and_gapless(both: Runtime) ->
 
 
 async def test_claim_release_and_state(both: Runtime, cap: str) -> None:
-    service = BridgeService(both.db, both.claims, both.acks, both.config.broker.retry_policy)
+    service = BridgeService(
+        both.db, both.claims, both.acks, both.config.broker.retry_policy, both.pins
+    )
     consumer = (await service.lookup("orders", "workers")).consumer
     assert consumer is not None and consumer.max_ack_pending == CAPS[cap]
     await publish(both, 3)
@@ -179,7 +183,9 @@ async def test_an_ack_the_database_refuses_is_dropped_alone(both: Runtime) -> No
     """A refused value (a NUL in a reason: PostgreSQL stores no NUL, SQLite does) costs only
     its own ack; the acks applied with it still apply (the bridge's ack queue once retried
     the whole batch forever)."""
-    service = BridgeService(both.db, both.claims, both.acks, both.config.broker.retry_policy)
+    service = BridgeService(
+        both.db, both.claims, both.acks, both.config.broker.retry_policy, both.pins
+    )
     consumer = (await service.lookup("orders", "workers")).consumer
     assert consumer is not None
     await publish(both, 3)
