@@ -186,3 +186,58 @@ async def test_prioritized_pulls_lowest_priority_first(
         # (An HTTP long poll ends with its first hand-out.)
         assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == [f"q{round_no}"]
         assert not any(t.done() for p, t in polls.items() if p != served and p > served)
+
+
+async def test_pinned_client_over_http(client: httpx.AsyncClient, runtime: Runtime) -> None:
+    await setup_channel(client)
+    k = await put_consumer(
+        client, "pin", priorityGroups="jobs", priorityPolicy="pinned_client", priorityTimeout="60"
+    )
+    for name in ("a1", "a2", "a3"):
+        await publish(client, name)
+    r = await pull(client, k, group="jobs", no_wait=True)
+    pin = r.json()["PinId"]
+    assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == ["a1"] and len(pin) == 22
+    # Another client's pin id is refused at once; a standby waits and gets nothing.
+    r = await pull(client, k, group="jobs", id="someone", no_wait=True)
+    assert r.status_code == 423 and "Nats-Pin-Id mismatch" in r.json()["detail"]
+    r = await pull(client, k, group="jobs", expires=0.5)
+    assert r.status_code == 200 and r.json()["Jobs"] == []
+    r = await pull(client, k, group="jobs", id=pin, no_wait=True)
+    assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == ["a2"]
+    assert r.json()["PinId"] == pin
+    # Unpinned: the old pin is refused, a standby gets the next job under a new pin.
+    unpin = f"{k.base}/unpin"
+    r = await client.post(unpin, json={"group": "other"}, headers=k.auth)
+    assert r.status_code == 400 and "does not exist" in r.json()["detail"]
+    r = await client.post(unpin, json={"group": "jobs"}, headers=k.auth)
+    assert r.json() == {"Group": "jobs", "Unpinned": True}
+    r = await pull(client, k, group="jobs", id=pin, no_wait=True)
+    assert r.status_code == 423 and "Nats-Wrong-Pin-Id" in r.json()["detail"]
+    r = await pull(client, k, group="jobs", no_wait=True)
+    assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == ["a3"]
+    assert r.json()["PinId"] not in (None, pin)
+    r = await client.post(unpin, json={"group": "jobs"}, headers=k.auth)
+    assert r.json()["Unpinned"] is True
+    r = await client.post(unpin, json={"group": "jobs"}, headers=k.auth)
+    assert r.json()["Unpinned"] is False
+
+
+async def test_a_pin_lapses_after_the_timeout_and_a_waiting_standby_takes_over(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    await setup_channel(client)
+    k = await put_consumer(
+        client, "pin", priorityGroups="jobs", priorityPolicy="pinned_client", priorityTimeout="1"
+    )
+    await publish(client, "a1")
+    first = (await pull(client, k, group="jobs", no_wait=True)).json()["PinId"]
+    await publish(client, "a2")
+    standby = asyncio.create_task(pull(client, k, group="jobs", expires=20))
+    await until_waiting(runtime, await consumer_pk(runtime, "pin"))
+    await asyncio.sleep(1.2)
+    assert not standby.done()  # the pin holds until the sweeper finds it lapsed
+    assert await runtime.sweeps.expire_pins() == [(await consumer_pk(runtime, "pin"), "jobs")]
+    r = await asyncio.wait_for(standby, timeout=10)
+    assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == ["a2"]
+    assert r.json()["PinId"] not in (None, first)

@@ -549,8 +549,8 @@ class ConsumerQueue:
             ):
                 self._end(w, PullEnd.NO_MESSAGES)
             await self._release(leftovers)
-        if self._backlog is not None:
-            self._after_overflow(loop)
+        if self._backlog is not None or self._pinning:
+            self._after_terms(loop)
         if not self._found and self.waiters:
             await self._recheck(loop)
 
@@ -575,14 +575,21 @@ class ConsumerQueue:
         claims = self.scheduler.claims
         self._pin = await claims.pin(self.consumer.pk)
         touched = False
-        for w in [w for w in self.waiters if not w.pin_checked]:
-            w.pin_checked = True
-            if w.terms.pin_id is None or self._pin is None:
-                continue  # a standby, or a pin that ended: told at the next dispatch
-            if w.terms.pin_id != self._pin:
+        for w in list(self.waiters):
+            named = w.terms.pin_id
+            if named is None:
+                continue
+            arrived, w.pin_checked = not w.pin_checked, True
+            if named == self._pin:
+                if arrived and not touched:
+                    touched = await claims.touch_pin(self.consumer.pk, named)
+            elif arrived and self._pin is not None:
                 self._end(w, PullEnd.PIN_MISMATCH)
-            elif not touched:
-                touched = await claims.touch_pin(self.consumer.pk, self._pin)
+            else:
+                # The pin it names is gone (unpinned, lapsed, or another client's since).
+                # nats-server says so when a dispatch meets the request; this says it when
+                # the pin is read, which a client takes the same way.
+                self._end(w, PullEnd.WRONG_PIN)
 
     async def _pin_standby(self) -> None:
         """Jobs are here and nobody holds the pin: the first waiting request without a pin id
@@ -639,16 +646,18 @@ class ConsumerQueue:
             placed += 1
         return placed
 
-    def _after_overflow(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Requests whose terms are not met: one that does not wait ends (404, or an empty
-        HTTP answer); the others wait, and while jobs are pending the counts are read again
-        soon, since other processes' claims change them without waking anyone."""
-        assert self._backlog is not None
+    def _after_terms(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Requests whose terms (overflow counts, the pin) keep them from jobs: one that does
+        not wait ends (404, or an empty HTTP answer); the others wait, and while jobs are
+        pending overflow counts are read again soon, since other processes' claims change
+        them without waking anyone."""
         unmet = [w for w in self.waiters if not self._may_take(w)]
         for w in unmet:
             if w.no_wait and (w.delivered or not w.expires_given):
                 self._end(w, PullEnd.NO_MESSAGES)
-        if any(w in self.waiters for w in unmet) and self._backlog[0] - self._handed > 0:
+        backlog = self._backlog
+        waiting = any(w in self.waiters for w in unmet)
+        if backlog is not None and backlog[0] - self._handed > 0 and waiting:
             self._next_due = loop.time() + OVERFLOW_RECHECK_SECONDS
 
     async def _recheck(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -717,9 +726,7 @@ class ConsumerQueue:
 
     def _takes_next(self, waiter: Waiter) -> bool:
         if self._pinning and waiter.terms.pin_id not in (None, self._pin):
-            # A dispatch meets a request naming a pin that is gone: it is told so (as
-            # nats-server does for each such request ahead of the one it serves).
-            self._end(waiter, PullEnd.WRONG_PIN)
+            self._end(waiter, PullEnd.WRONG_PIN)  # pinned in this round to another client
             return False
         return not waiter.own_claim and self._alive(waiter) and self._may_take(waiter)
 
