@@ -99,7 +99,9 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     from app.api.app import create_app
     from app.runtime import Runtime
 
-    runtime = Runtime(config, run_sweeper=with_sweeper, run_dispatcher=with_sweeper)
+    runtime = Runtime(
+        config, run_sweeper=with_sweeper, run_dispatcher=with_sweeper, nats_advisories=True
+    )
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
@@ -165,6 +167,7 @@ async def run_worker(config: Config, command: str) -> int:
         run_sweeper=command == "sweeper",
         run_dispatcher=command == "dispatcher",
         listen=command != "sweeper",
+        nats_advisories=command == "sweeper",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

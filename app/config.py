@@ -665,6 +665,9 @@ class NatsConfig:
     # Defaults here too (from the table) because tests and tools build one from a few fields.
     mode: str = _default("nats", "mode")
     url: str = _default("nats", "url")
+    # A [nats] section was given (file or environment): API processes and sweepers then
+    # publish their advisories (pins, lapsed leases) to `url` too.
+    configured: bool = False
     leaf_url: str = _default("nats", "leaf-url")
     api_prefix: str = _default("nats", "api-prefix")
     ack_prefix: str = _default("nats", "ack-prefix")
@@ -842,7 +845,7 @@ D = TypeVar("D", bound="DataclassInstance")
 def _fill(cls: type[D], values: Mapping[str, Any]) -> D:
     """A section's dataclass from its parsed values, by field name. Values it has no field for
     (not-implemented keys, or keys a builder folded into other fields) are left out."""
-    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
 
 def _build(parser: configparser.ConfigParser) -> Config:
@@ -856,7 +859,7 @@ def _build(parser: configparser.ConfigParser) -> Config:
         consumer_connection=_fill(ConsumerConnectionConfig, values["consumer-connection"]),
         pull=_fill(PullConfig, values["pull"]),
         pipeline=_fill(PipelineConfig, values["pipeline"]),
-        nats=_nats(values["nats"]),
+        nats=dataclasses.replace(_nats(values["nats"]), configured=parser.has_section("nats")),
         seed=_build_seed(parser),
         ignored_keys=_ignored_keys(parser),
     )

@@ -8,11 +8,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from app.bridge.advisories import advisory_link
 from app.config import Config
 from app.dispatch.dispatcher import Dispatcher, close_quietly, http_client
 from app.domain.pulls import PullLimits
 from app.services.acking import AckService
 from app.services.admin import AdminService
+from app.services.advisories import Advisories
 from app.services.claiming import ClaimSource
 from app.services.health import HealthService
 from app.services.messages import MessageQueries
@@ -42,6 +44,9 @@ class Runtime:
     run_dispatcher: bool = False
     # Only processes with waiters (API long polls, dispatcher, bridge) need NOTIFY wake-ups.
     listen: bool = True
+    # A NATS connection of its own for advisories (API processes, sweepers; the bridge
+    # publishes on its connection), when [nats] is configured.
+    nats_advisories: bool = False
     signals: Signals = field(default_factory=Signals)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -52,13 +57,15 @@ class Runtime:
         self.queue = Queue(self.db)
         ack_wait = config.default_ack_wait_seconds
         self.admin = AdminService(self.db)
-        self.pins = PinService(self.db)
+        # JetStream advisories: published once a NATS publisher is attached (see start()).
+        self.advisories = Advisories()
+        self.pins = PinService(self.db, self.advisories)
         self.publishing = PublishingService(
             self.db, self.queue, config.broker.max_message_size_bytes
         )
         self.messages = MessageQueries(self.db)
         self.health = HealthService(self.db)
-        self.claims = ClaimSource(self.db, self.queue, ack_wait)
+        self.claims = ClaimSource(self.db, self.queue, ack_wait, self.advisories)
         # One scheduler for every waiting pull of the process: HTTP long polls and the NATS
         # bridge's requests share max_waiting and each consumer's claims.
         self.scheduler = PullScheduler(
@@ -83,7 +90,7 @@ class Runtime:
         )
         self.seed_jobs = SeedJobService(self.db, self.queue, ack_wait)
         self.sweeps = SweepService(
-            self.db, config.broker.retry_policy, config.pull.sweep_batch_size
+            self.db, config.broker.retry_policy, config.pull.sweep_batch_size, self.advisories
         )
         self.push = PushService(self.db, self.queue, config.broker.retry_policy, ack_wait)
         self.listener: NotifyListener | None = None
@@ -97,6 +104,9 @@ class Runtime:
             self._spawn(self.listener.run(self._stop), "notify-listener")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.listener.ready.wait(), timeout=10)
+        if self.nats_advisories and self.config.nats.configured:
+            link = advisory_link(self.config.nats, self.advisories, self._stop, "webhook-broker")
+            self._spawn(link, "advisories")
         if self.run_sweeper:
             sweeper = Sweeper(
                 self.sweeps,

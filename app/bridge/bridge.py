@@ -24,7 +24,9 @@ from nats.aio.subscription import Subscription
 
 from app.bridge import protocol as p
 from app.bridge.acks import AckProcessor, InboundAck
+from app.bridge.advisories import AdvisoryPublisher
 from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
+from app.bridge.client import client_options
 from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
 from app.config import NatsConfig
@@ -138,25 +140,14 @@ class Bridge:
 
     async def start(self) -> None:
         config = self.config
-        options: dict[str, Any] = {
-            "servers": [u.strip() for u in config.url.split(",") if u.strip()],
-            "name": self.name,
-            "allow_reconnect": True,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": 0.5,
-            "connect_timeout": 5,
+        options = client_options(config, self.name) | {
             "disconnected_cb": self._client_disconnected,
             "reconnected_cb": self._client_reconnected,
             "error_cb": self._client_error,
         }
-        if config.user:
-            options["user"] = config.user
-            options["password"] = config.password
-        if config.token:
-            options["token"] = config.token
-        if config.credentials:
-            options["user_credentials"] = config.credentials
         await self.nc.connect(**options)
+        # The services' advisories (pins, lapsed leases) go out on this connection.
+        self.runtime.advisories.attach(AdvisoryPublisher(self._publish))
         if self.leaf is not None:
             self._tasks.append(asyncio.create_task(self.leaf.run(self._stop), name="bridge-leaf"))
             await asyncio.wait_for(self.leaf.connected.wait(), timeout=10)
@@ -193,6 +184,7 @@ class Bridge:
 
     async def stop(self) -> None:
         """Stop taking requests, answer what is queued, apply every received ack, close."""
+        self.runtime.advisories.attach(None)
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

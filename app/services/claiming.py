@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from app.domain import advisories
 from app.domain.models import Consumer
 from app.domain.pulls import ClaimBatch
+from app.services.advisories import Advisories
 from app.store.bridge import BridgeStore
 from app.store.db import Database
 from app.store.jobs import JobStore
@@ -18,10 +20,17 @@ from app.store.stakeholders import ConsumerStore
 
 
 class ClaimSource:
-    def __init__(self, db: Database, queue: Queue, default_ack_wait: int) -> None:
+    def __init__(
+        self,
+        db: Database,
+        queue: Queue,
+        default_ack_wait: int,
+        advisories: Advisories | None = None,
+    ) -> None:
         self._db = db
         self._queue = queue
         self._default_ack_wait = default_ack_wait
+        self._advisories = advisories or Advisories()
 
     @property
     def default_ack_wait(self) -> int:
@@ -94,7 +103,10 @@ class ClaimSource:
         """Pin the group to `pin_id` unless another process pinned it first."""
         assert consumer.priority.group is not None
         async with self._db.transaction() as tx:
-            return await PinStore(tx).assign(consumer.pk, consumer.priority.group, pin_id)
+            assigned = await PinStore(tx).assign(consumer.pk, consumer.priority.group, pin_id)
+        if assigned:
+            await self._advisories.emit(advisories.pinned(consumer, pin_id))
+        return assigned
 
     async def last_delivery(self, consumer_pk: int) -> tuple[int, int]:
         """The consumer's last delivery sequence and last job id handed out (0, 0 before)."""

@@ -4,17 +4,21 @@ consumer's waiting requests, so that a standby is pinned at the next dispatch.""
 
 from __future__ import annotations
 
+from app.domain import advisories
 from app.domain.models import Consumer
 from app.domain.priority import check_unpin
 from app.domain.pulls import ConsumerCredentials
+from app.services.advisories import Advisories
 from app.services.auth import pull_consumer
 from app.store.db import Database
 from app.store.pins import Pin, PinStore
+from app.store.stakeholders import ConsumerStore
 
 
 class PinService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, advisories: Advisories | None = None) -> None:
         self._db = db
+        self._advisories = advisories or Advisories()
 
     async def current(self, consumer_pk: int) -> Pin | None:
         async with self._db.transaction() as tx:
@@ -27,6 +31,10 @@ class PinService:
             unpinned = await PinStore(tx).unpin(consumer.pk)
             if unpinned:
                 tx.announce([consumer.pk])
+        if unpinned:
+            await self._advisories.emit(
+                advisories.unpinned(consumer.channel_id, consumer.id, group, "admin")
+            )
         return unpinned
 
     async def unpin_as(self, creds: ConsumerCredentials, group: str) -> bool:
@@ -42,4 +50,11 @@ class PinService:
         async with self._db.transaction() as tx:
             lapsed = await PinStore(tx).expire()
             tx.announce({pk for pk, _ in lapsed})
+            consumers = ConsumerStore(tx)
+            named = [(await consumers.get_by_pk(pk), group) for pk, group in lapsed]
+        for consumer, group in named:
+            if consumer is not None:
+                await self._advisories.emit(
+                    advisories.unpinned(consumer.channel_id, consumer.id, group, "timeout")
+                )
         return lapsed

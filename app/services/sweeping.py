@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.domain.jobs import RetryPolicy
+from app.domain import advisories
+from app.domain.jobs import JobStatus, RetryPolicy
+from app.domain.models import Job
+from app.services.advisories import Advisories
 from app.services.pinning import PinService
 from app.store import upkeep
 from app.store.db import Database
@@ -23,18 +26,41 @@ class LeaseHorizon:
 
 
 class SweepService:
-    def __init__(self, db: Database, policy: RetryPolicy, batch_size: int) -> None:
+    def __init__(
+        self,
+        db: Database,
+        policy: RetryPolicy,
+        batch_size: int,
+        advisories: Advisories | None = None,
+    ) -> None:
         self._db = db
         self._policy = policy
         self._batch = batch_size
-        self._pins = PinService(db)
+        self._advisories = advisories or Advisories()
+        self._pins = PinService(db, self._advisories)
 
     async def sweep_once(self) -> int:
         """Sweep one bounded batch; returns how many jobs it moved."""
         async with self._db.transaction() as tx:
             moved = await JobStore(tx).requeue_expired(self._policy, self._batch)
             tx.announce({j.consumer_pk for j in moved})
+        dead = [j for j in moved if j.status is JobStatus.DEAD]
+        if dead and self._advisories.attached:
+            await self._advise_dead(dead)
         return len(moved)
+
+    async def _advise_dead(self, dead: list[Job]) -> None:
+        """MAX_DELIVERIES for jobs whose last lease lapsed (as nats-server advises a message
+        that reached max_deliver)."""
+        async with self._db.transaction() as tx:
+            store = ConsumerStore(tx)
+            named = {pk: await store.get_by_pk(pk) for pk in {j.consumer_pk for j in dead}}
+        for job in dead:
+            consumer = named[job.consumer_pk]
+            if consumer is not None:
+                await self._advisories.emit(
+                    advisories.max_deliveries(consumer.channel_id, consumer.id, job.id, job.attempt)
+                )
 
     async def expire_pins(self) -> list[tuple[int, str]]:
         """Pins of pinned_client consumers whose client stopped pulling: cleared."""

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -213,7 +214,7 @@ def extra_config(cap: str) -> str:
 
 
 def nats_config(server: NatsServer, mode: str, **overrides: str) -> NatsConfig:
-    values: dict[str, str] = {
+    values: dict[str, Any] = {
         "mode": mode,
         "url": server.url,
         "leaf_url": server.leaf_url if mode == "hybrid" else "",

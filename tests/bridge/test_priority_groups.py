@@ -317,6 +317,18 @@ async def pinned_scenario(url: str, publish: Publish) -> dict[str, Any]:
             "zero_ts": group["pinned_ts"] == p.GO_ZERO_TIME,
         }
 
+    advised: list[tuple[Any, ...]] = []
+
+    async def advisory(msg: Any) -> None:
+        doc = json.loads(msg.data)
+        kind = doc["type"].rsplit(".", 1)[-1]
+        advised.append(
+            (kind, doc["stream"], doc["consumer"], doc["group"], doc.get("reason"))
+            + ((pins.name(doc["pinned_id"]),) if "pinned_id" in doc else ())
+        )
+
+    for event in ("PINNED", "UNPINNED"):
+        await nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.{event}.orders.pin", cb=advisory)
     try:
         out["info_unpinned"] = await info()
         await publish(["a1", "a2"])
@@ -356,6 +368,10 @@ async def pinned_scenario(url: str, publish: Publish) -> dict[str, Any]:
         # pin2 stops pulling: after the priority timeout (2 s) a standby is pinned.
         await publish(["c1"])
         out["timeout_standby"] = await one({"group": "jobs", "expires": 5000 * MS}, 5.2)
+        await nc.flush()
+        await asyncio.sleep(0.2)
+        # (pin3 may lapse too before the end: its advisory is left out, on both.)
+        out["advisories"] = advised[:5]
     finally:
         await nc.close()
     return out
@@ -418,6 +434,13 @@ async def test_pinned_client_matches_jetstream(
     assert expected["other_id"] == [("status", "423", "Nats-Pin-Id mismatch", None)]
     assert expected["after_unpin_old_pin"] == [("status", "423", "Nats-Wrong-Pin-Id", "0")]
     assert expected["timeout_standby"] == [("msg", "c1", "pin3")]
+    assert expected["advisories"] == [
+        ("consumer_group_pinned", "orders", "pin", "jobs", None, "pin1"),
+        ("consumer_group_unpinned", "orders", "pin", "jobs", "admin"),
+        ("consumer_group_pinned", "orders", "pin", "jobs", None, "pin2"),
+        ("consumer_group_unpinned", "orders", "pin", "jobs", "timeout"),
+        ("consumer_group_pinned", "orders", "pin", "jobs", None, "pin3"),
+    ]
     form = {
         "token": "pin-token",
         "type": "pull",
