@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +19,9 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from app.bridge import protocol as p
+from app.domain.priority import PullPriority as Terms
+from app.domain.pulls import ConsumerCredentials, PullRequest
+from app.runtime import Runtime
 from tests.bridge.conftest import (
     ACK_WAIT,
     MAX_RETRY,
@@ -26,6 +30,7 @@ from tests.bridge.conftest import (
     publish_http,
     uncapped_only,
 )
+from tests.helpers_pull import expire_leases
 
 Publish = Callable[[list[str]], Awaitable[None]]
 MS = 1_000_000  # ns
@@ -455,3 +460,71 @@ async def test_pinned_client_matches_jetstream(
     actual = await pinned_scenario(hub.url, lambda names: publish_http(client, names))
     for key, value in expected.items():
         assert actual[key] == value, key
+
+
+@uncapped_only
+async def test_api_and_sweeper_processes_publish_their_advisories(
+    config: Any, hub: NatsServer, client: httpx.AsyncClient
+) -> None:
+    """Without a bridge: an API process pins over HTTP, its sweeper lets the pin lapse and
+    dead-letters a job whose last lease lapsed; each advisory goes out on the process's own
+    NATS connection ([nats] configured)."""
+    nats_config = dataclasses.replace(config.nats, url=hub.url, configured=True)
+    process = Runtime(
+        dataclasses.replace(config, nats=nats_config), nats_advisories=True, listen=False
+    )
+    await process.start(seed=False)
+    nc = await nats.connect(hub.url)
+    advised: list[dict[str, Any]] = []
+
+    async def collect(msg: Any) -> None:
+        advised.append(json.loads(msg.data))
+
+    await nc.subscribe("$JS.EVENT.ADVISORY.CONSUMER.>", cb=collect)
+    await nc.flush()
+    try:
+        await eventually_attached(process)
+        form = {
+            "token": "pin-token",
+            "type": "pull",
+            "priorityGroups": "jobs",
+            "priorityPolicy": "pinned_client",
+            "priorityTimeout": "1",
+        }
+        assert (await client.put("/channel/orders/consumer/pin", data=form)).status_code == 200
+        await publish_http(client, ["x1"])
+        creds = ConsumerCredentials("orders", "orders-token", "pin", "pin-token")
+        pulled = await process.pulls.pull(creds, PullRequest(no_wait=True, terms=Terms("jobs")))
+        assert pulled.pin_id is not None and [j.message_id for j in pulled.jobs] == ["x1"]
+        await asyncio.sleep(1.1)
+        assert len(await process.sweeps.expire_pins()) == 1
+        # The job's lease lapses with no retry left (max-retry is 4: four lapses requeue it).
+        job_id = pulled.jobs[0].id
+        pin: str | None = None  # the first pin lapsed: the next pull is pinned anew
+        for _ in range(MAX_RETRY + 1):
+            await expire_leases(process, [job_id])
+            await process.sweeps.sweep_all()
+            terms = Terms("jobs", pin_id=pin)
+            again = await process.pulls.pull(creds, PullRequest(no_wait=True, terms=terms))
+            if not again.jobs:
+                break
+            pin = again.pin_id
+        await nc.flush()
+        await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+        await process.stop()
+    kinds = [(a["type"].rsplit(".", 1)[-1], a.get("reason")) for a in advised]
+    assert kinds[:2] == [("consumer_group_pinned", None), ("consumer_group_unpinned", "timeout")]
+    assert ("max_deliver", None) in kinds
+    dead = next(a for a in advised if a["type"].endswith("max_deliver"))
+    assert (dead["stream"], dead["consumer"], dead["stream_seq"]) == ("orders", "pin", job_id)
+    assert dead["deliveries"] == MAX_RETRY + 1
+
+
+async def eventually_attached(process: Runtime) -> None:
+    for _ in range(100):
+        if process.advisories.attached:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the advisory link never connected")
