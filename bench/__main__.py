@@ -37,6 +37,7 @@ SCENARIOS = (
     "bridge",
     "bridge-hybrid",
     "redelivery",
+    "overflow",
     "pgqueuer",
     "backlog",
     "soak",
@@ -191,6 +192,7 @@ async def run(settings: Settings) -> int:
             ("idle", runner.idle),
             ("nats", runner.nats_pairs),
             ("redelivery", runner.redelivery),
+            ("overflow", runner.overflow),
             ("pgqueuer", runner.pgqueuer),
             ("backlog", runner.backlog_latency),
         ]

@@ -33,10 +33,14 @@ BENCH_CONSUMERS = (
     "natsbr",
     "natshy",
     "redeliver",
+    "overflow",
     "soak",
 )
 # Seed settings beyond token, channel and type.
-CONSUMER_SETTINGS = {"redeliver": {"ack-wait": "2"}}
+CONSUMER_SETTINGS = {
+    "redeliver": {"ack-wait": "2"},
+    "overflow": {"priority-groups": "jobs", "priority-policy": "overflow"},
+}
 PULL_CHANNELS = {
     "bench": BENCH_CONSUMERS,
     "pub": PUB_CONSUMERS,

@@ -132,7 +132,8 @@ async def pull_worker(spec: Spec, port: int, window: Window, rec: Recorder) -> N
     conn = Connection(port)
     base = consumer_base(spec)
     headers = consumer_headers(spec)
-    body = {"batch": spec["batch"], "expires": spec.get("expires", 1.0)}
+    # `terms`: priority group fields (an overflow consumer's pulls).
+    body = {"batch": spec["batch"], "expires": spec.get("expires", 1.0), **spec.get("terms", {})}
     mode = spec["ack"]
     pulls_left = spec.get("pulls")
     warmup_pulls = spec.get("warmup_pulls", 0)

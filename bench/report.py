@@ -178,6 +178,17 @@ def targets(runner: Runner) -> list[Target]:
                     check(lat["p50"] < 10 and lat["p99"] < 25),
                 )
             )
+    overflow_pairs = runner.pairs.get("overflow", [])
+    if overflow_pairs:
+        x = median_ratio(overflow_pairs) or 0.0
+        out.append(
+            Target(
+                "pull + batch ack, overflow terms vs none",
+                "(no target: the cost)",
+                f"{x:.1%} (median of {len(overflow_pairs)} pairs)",
+                "n/a",
+            )
+        )
     ours_back = _find(runner, "Redelivery past", "ours")
     theirs_back = _find(runner, "Redelivery past", "baseline")
     if ours_back and ours_back[0].status == "ok":

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import math
 import statistics
 import time
@@ -216,9 +218,15 @@ class Runner:
             lambda: self._http_pull_once(ack, round_no), PULL_CONSUMER[ack], 2.0
         )
 
-    async def _http_pull_once(self, ack: str, round_no: int | None) -> Measured:
+    async def _http_pull_once(
+        self,
+        ack: str,
+        round_no: int | None,
+        consumer: str | None = None,
+        terms: dict[str, Any] | None = None,
+    ) -> Measured:
         s, env = self.s, self.env
-        consumer = PULL_CONSUMER[ack]
+        consumer = consumer or PULL_CONSUMER[ack]
         await env.backlog(
             consumer, self.need(consumer, s.warmup + s.duration + 3, s.batch * s.pollers * 4)
         )
@@ -231,10 +239,13 @@ class Runner:
             "workers": s.pollers,
             "batch": s.batch,
             "ack": ack,
+            "terms": terms or {},
             **env.consumer_spec(consumer),
         }
         label = "batch ack" if ack == "batch" else "one ack POST per job"
         name = f"HTTP pull({s.batch}) + {label}, {s.pollers} pollers"
+        if terms:
+            name += f", overflow consumer, {json.dumps(terms)}"
         if round_no is not None:
             name += f" [round {round_no}]"
         m = await self.measure_loadgen(name, spec, "delivered", [consumer])
@@ -242,6 +253,35 @@ class Runner:
         if m.rate > 0:
             self.rates[consumer] = m.rate
         return m
+
+    async def overflow(self) -> None:
+        """What overflow terms cost a claim: the same pull + batch ack against a plain
+        consumer and against an overflow consumer whose pulls carry min_pending (each round
+        counts the consumer's due jobs, capped, before it claims), back to back."""
+        s = self.s
+        for round_no in range(1, s.rounds + 1):
+            plain = await self.http_pull("batch", round_no)
+            # The plain run's rate sizes the overflow run's backlog (same order of rate).
+            self.rates.setdefault("overflow", plain.rate or self.rates["pull-batch"])
+            over = await self.bigger_if_dry(
+                functools.partial(
+                    self._http_pull_once,
+                    "batch",
+                    round_no,
+                    "overflow",
+                    {"group": "jobs", "min_pending": 1},
+                ),
+                "overflow",
+                2.0,
+            )
+            if plain.rate and over.status == "ok":
+                self.pairs.setdefault("overflow", []).append(
+                    {
+                        "ceiling": round(plain.rate, 1),
+                        "ours": round(over.rate, 1),
+                        "ratio": round(over.rate / plain.rate, 4),
+                    }
+                )
 
     async def http_publish(self, round_no: int | None = None) -> Measured:
         s, env = self.s, self.env
