@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.config import ConfigError, load_config_text
 from app.runtime import Runtime
 from tests.helpers_pull import (
     CHANNEL,
@@ -241,3 +242,41 @@ async def test_a_pin_lapses_after_the_timeout_and_a_waiting_standby_takes_over(
     r = await asyncio.wait_for(standby, timeout=10)
     assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == ["a2"]
     assert r.json()["PinId"] not in (None, first)
+
+
+SEEDED = """
+[initial-channels]
+c1=c1
+[initial-channel-tokens]
+c1=channel-token
+[initial-consumers]
+seeded=
+[seeded]
+token=seeded-token
+channel=c1
+type=pull
+priority-groups=jobs
+priority-policy=pinned_client
+priority-timeout=45
+"""
+
+
+@pytest.mark.parametrize("extra_config", [SEEDED], ids=["seed"])
+async def test_seeded_priority_settings(client: httpx.AsyncClient) -> None:
+    body = (await client.get(f"/channel/{CHANNEL}/consumer/seeded")).json()
+    assert (body["PriorityGroups"], body["PriorityPolicy"], body["PriorityTimeout"]) == (
+        ["jobs"],
+        "pinned_client",
+        45,
+    )
+
+
+@pytest.mark.parametrize(
+    "seed", ["priority-groups=jobs\n", "priority-policy=overflow\n", "priority-groups=a b\n"]
+)
+def test_seeded_priority_settings_that_nats_server_refuses_fail_the_config(seed: str) -> None:
+    text = "[initial-consumers]\nbad=\n[bad]\ntoken=t\nchannel=c1\ntype=pull\n"
+    if "groups" in seed and "policy" not in seed and " " in seed:
+        seed += "priority-policy=overflow\n"
+    with pytest.raises(ConfigError, match=r"\[bad\] priority-\*"):
+        load_config_text(text + seed)
