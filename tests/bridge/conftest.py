@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 
 from app.bridge import protocol as p
@@ -309,3 +310,14 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0)
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.05)
+
+
+async def arriving(sub: Any, window: float) -> AsyncIterator[Any]:
+    """The messages a subscription receives within `window` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + window
+    while (left := deadline - loop.time()) > 0:
+        try:
+            yield await sub.next_msg(timeout=left)
+        except NatsTimeoutError:
+            return

@@ -16,7 +16,6 @@ import httpx
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from app.bridge import protocol as p
 from app.domain.priority import PullPriority as Terms
@@ -27,6 +26,7 @@ from tests.bridge.conftest import (
     MAX_RETRY,
     BridgeFactory,
     NatsServer,
+    arriving,
     publish_http,
     uncapped_only,
 )
@@ -35,6 +35,7 @@ from tests.helpers_pull import expire_leases
 Publish = Callable[[list[str]], Awaitable[None]]
 MS = 1_000_000  # ns
 POLICIES = {"over": "overflow", "prio": "prioritized"}
+POLICY_OF: dict[str, str | None] = {"workers": None, **POLICIES}
 
 
 def next_subject(consumer: str) -> str:
@@ -66,12 +67,7 @@ class Requests:
 
     async def gather(self, sub: Any, window: float, *, ack: bool = True) -> list[tuple[Any, ...]]:
         got: list[tuple[Any, ...]] = []
-        deadline = asyncio.get_running_loop().time() + window
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            try:
-                msg = await sub.next_msg(timeout=left)
-            except NatsTimeoutError:
-                break
+        async for msg in arriving(sub, window):
             got.append(seen(msg))
             if msg.reply:
                 if ack:
@@ -177,27 +173,49 @@ def comparable_info(document: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def jetstream_consumers(nc: Client) -> None:
+def consumer_config(name: str, policy: str | None, **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "durable_name": name,
+        "ack_policy": "explicit",
+        "ack_wait": ACK_WAIT * p.NANOS,
+        "max_deliver": MAX_RETRY + 1,
+        "filter_subject": "orders",
+    }
+    if policy:
+        config |= {"priority_groups": ["jobs"], "priority_policy": policy, **extra}
+    return config
+
+
+Scenario = Callable[[str, Publish], Awaitable[dict[str, Any]]]
+
+
+async def on_jetstream(
+    server: NatsServer, configs: list[dict[str, Any]], run: Scenario
+) -> dict[str, Any]:
+    """`run` against real JetStream: stream `orders` with these consumers, then removed."""
+    nc = await nats.connect(server.url)
     js = nc.jetstream()
-    with contextlib.suppress(Exception):
-        await js.delete_stream("orders")
-    await js.add_stream(name="orders", subjects=["orders"])
-    for name, policy in {"workers": None, **POLICIES}.items():
-        config: dict[str, Any] = {
-            "durable_name": name,
-            "ack_policy": "explicit",
-            "ack_wait": ACK_WAIT * p.NANOS,
-            "max_deliver": MAX_RETRY + 1,
-            "filter_subject": "orders",
-        }
-        if policy:
-            config |= {"priority_groups": ["jobs"], "priority_policy": policy}
-        created = await nc.request(
-            f"$JS.API.CONSUMER.CREATE.orders.{name}.orders",
-            json.dumps({"stream_name": "orders", "config": config}).encode(),
-            timeout=5,
-        )
-        assert "error" not in json.loads(created.data), created.data
+    try:
+        with contextlib.suppress(Exception):
+            await js.delete_stream("orders")
+        await js.add_stream(name="orders", subjects=["orders"])
+        for config in configs:
+            created = await nc.request(
+                f"$JS.API.CONSUMER.CREATE.orders.{config['durable_name']}.orders",
+                json.dumps({"stream_name": "orders", "config": config}).encode(),
+                timeout=5,
+            )
+            assert "error" not in json.loads(created.data), created.data
+
+        async def publish(names: list[str]) -> None:
+            for name in names:
+                await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
+
+        return await run(server.url, publish)
+    finally:
+        with contextlib.suppress(Exception):
+            await js.delete_stream("orders")
+        await nc.close()
 
 
 _reference: dict[str, Any] = {}
@@ -205,20 +223,8 @@ _reference: dict[str, Any] = {}
 
 async def reference(server: NatsServer) -> dict[str, Any]:
     if not _reference:
-        nc = await nats.connect(server.url)
-        try:
-            await jetstream_consumers(nc)
-            js = nc.jetstream()
-
-            async def publish(names: list[str]) -> None:
-                for name in names:
-                    await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
-
-            _reference.update(await scenario(server.url, publish))
-        finally:
-            with contextlib.suppress(Exception):
-                await nc.jetstream().delete_stream("orders")
-            await nc.close()
+        configs = [consumer_config(name, policy) for name, policy in POLICY_OF.items()]
+        _reference.update(await on_jetstream(server, configs, scenario))
     return _reference
 
 
@@ -294,12 +300,7 @@ async def pinned_scenario(url: str, publish: Publish) -> dict[str, Any]:
 
     async def gather(sub: Any, window: float) -> list[tuple[Any, ...]]:
         got: list[tuple[Any, ...]] = []
-        deadline = asyncio.get_running_loop().time() + window
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            try:
-                msg = await sub.next_msg(timeout=left)
-            except NatsTimeoutError:
-                break
+        async for msg in arriving(sub, window):
             headers = msg.headers or {}
             if msg.reply:
                 got.append(("msg", msg.data.decode(), pins.name(headers.get("Nats-Pin-Id"))))
@@ -387,38 +388,8 @@ _pinned_reference: dict[str, Any] = {}
 
 async def pinned_reference(server: NatsServer) -> dict[str, Any]:
     if not _pinned_reference:
-        nc = await nats.connect(server.url)
-        try:
-            js = nc.jetstream()
-            with contextlib.suppress(Exception):
-                await js.delete_stream("orders")
-            await js.add_stream(name="orders", subjects=["orders"])
-            config = {
-                "durable_name": "pin",
-                "ack_policy": "explicit",
-                "ack_wait": ACK_WAIT * p.NANOS,
-                "max_deliver": MAX_RETRY + 1,
-                "filter_subject": "orders",
-                "priority_groups": ["jobs"],
-                "priority_policy": "pinned_client",
-                "priority_timeout": PIN_TIMEOUT * p.NANOS,
-            }
-            created = await nc.request(
-                "$JS.API.CONSUMER.CREATE.orders.pin.orders",
-                json.dumps({"stream_name": "orders", "config": config}).encode(),
-                timeout=5,
-            )
-            assert "error" not in json.loads(created.data), created.data
-
-            async def publish(names: list[str]) -> None:
-                for name in names:
-                    await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
-
-            _pinned_reference.update(await pinned_scenario(server.url, publish))
-        finally:
-            with contextlib.suppress(Exception):
-                await nc.jetstream().delete_stream("orders")
-            await nc.close()
+        config = consumer_config("pin", "pinned_client", priority_timeout=PIN_TIMEOUT * p.NANOS)
+        _pinned_reference.update(await on_jetstream(server, [config], pinned_scenario))
     return _pinned_reference
 
 

@@ -25,6 +25,7 @@ from tests.bridge.conftest import (
     ACK_WAIT,
     BridgeFactory,
     NatsServer,
+    arriving,
     publish_http,
     reference_consumer,
     uncapped_only,
@@ -62,12 +63,7 @@ async def collect(
     if during is not None:
         await during()
     seen: list[tuple[Any, ...]] = []
-    deadline = asyncio.get_running_loop().time() + window
-    while (left := deadline - asyncio.get_running_loop().time()) > 0:
-        try:
-            msg = await sub.next_msg(timeout=left)
-        except NatsTimeoutError:
-            break
+    async for msg in arriving(sub, window):
         seen.append(summarize(msg, pending_bytes=pending_bytes))
         if msg.reply:
             await nc.publish(msg.reply, b"")  # ack deliveries so the next case starts clean
