@@ -141,6 +141,29 @@ JSON_BODIES: dict[str, JsonBody] = {
             "incremental-timeout-negative": {"no_wait": True, "incremental_timeout": -1},
             "no-wait-nul": {"no_wait": "\x00"},
             "nul-key": {"no_wait": True, "\x00": 1},
+            # Priority group fields (the consumer has no policy).
+            "group-nul": {"no_wait": True, "group": NUL},
+            "group-number": {"no_wait": True, "group": 2**70},
+            "pin-id-nul": {"no_wait": True, "id": NUL},
+            "pin-id-on-plain": {"no_wait": True, "id": "pin"},
+            "min-pending-negative": {"no_wait": True, "min_pending": -1},
+            "min-pending-int70": {"no_wait": True, "min_pending": 2**70},
+            "min-pending-on-plain": {"no_wait": True, "min_pending": 1},
+            "min-ack-pending-string": {"no_wait": True, "min_ack_pending": "\x00"},
+            "priority-int70": {"no_wait": True, "priority": 2**70},
+            "priority-out-of-range": {"no_wait": True, "priority": 10},
+        },
+    ),
+    "unpin": JsonBody(
+        valid={"group": "jobs"},
+        bad={
+            "group-missing": {},
+            "group-empty": {"group": ""},
+            "group-nul": {"group": NUL},
+            "group-number": {"group": 2**70},
+            "group-long": {"group": "g" * 17},
+            "group-unknown": {"group": "jobs"},  # the consumer has no group
+            "unknown-key": {"group": "jobs", "other": 1},
         },
     ),
     "ack": JsonBody(
@@ -230,6 +253,10 @@ FORM_VALUES: dict[str, list[tuple[str, str]]] = {
     "callbackUrl": [("nul", "http://127.0.0.1:9/\x00"), ("long", "http://h/" + LONG)],
     "ackWait": [("nul", "1\x00"), ("huge", str(10**30)), ("negative", "-1"), ("int40", str(2**40))],
     "maxAckPending": [("nul", "1\x00"), ("negative", "-5"), ("int70", str(2**70))],
+    # Alone on a consumer without them, each is refused too (a group needs a policy...).
+    "priorityGroups": [("nul", "jobs\x00"), ("long", LONG), ("two", "a,b")],
+    "priorityPolicy": [("nul", "over\x00"), ("unknown", "failover"), ("long", LONG)],
+    "priorityTimeout": [("nul", "1\x00"), ("huge", str(10**30)), ("negative", "-1")],
 }
 FORM_FIELDS: dict[str, tuple[str, ...]] = {
     "put_channel": ("token", "name"),

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from app.bridge import protocol as p
+from app.domain.priority import PullPriority
+
+
+def json_spec(**fields: Any) -> p.PullSpec:
+    """What a JSON body reads as: priority terms (none given here but the JSON flag)."""
+    return p.PullSpec(is_json=True, terms=fields.pop("terms", PullPriority()), **fields)
 
 
 @pytest.mark.parametrize(
@@ -19,18 +26,26 @@ from app.bridge import protocol as p
         (b"abc", p.PullSpec()),
         (
             b'{"batch": 5, "expires": 1999900000, "no_wait": true}',
-            p.PullSpec(batch=5, expires=1_999_900_000, no_wait=True, is_json=True),
+            json_spec(batch=5, expires=1_999_900_000, no_wait=True),
         ),
-        (b"{}", p.PullSpec(is_json=True)),
-        (b'{"batch": 0}', p.PullSpec(batch=1, is_json=True)),
-        (b'{"Batch": 7, "NO_WAIT": true}', p.PullSpec(batch=7, no_wait=True, is_json=True)),
+        # Without a batch (or 0) one job is served, and pending headers count from 0.
+        (b"{}", json_spec(batch_unset=True)),
+        (b'{"batch": 0}', json_spec(batch=1, batch_unset=True)),
+        (b'{"Batch": 7, "NO_WAIT": true}', json_spec(batch=7, no_wait=True)),
         (
             b'{"batch": 2, "expires": 2000000000, "idle_heartbeat": 1000000000, "max_bytes": 9}',
-            p.PullSpec(
-                batch=2, expires=2_000_000_000, heartbeat=1_000_000_000, max_bytes=9, is_json=True
+            json_spec(batch=2, expires=2_000_000_000, heartbeat=1_000_000_000, max_bytes=9),
+        ),
+        (b'{"batch": 1, "expires": null, "unknown": [1, 2]}', json_spec()),
+        (
+            b'{"batch": 1, "group": "jobs", "min_pending": 5, "min_ack_pending": -1, '
+            b'"id": "pin", "priority": 3}',
+            json_spec(
+                terms=PullPriority(
+                    group="jobs", min_pending=5, min_ack_pending=-1, pin_id="pin", priority=3
+                )
             ),
         ),
-        (b'{"batch": 1, "expires": null, "unknown": [1, 2]}', p.PullSpec(is_json=True)),
     ],
 )
 def test_pull_request_bodies(body: bytes, expected: p.PullSpec) -> None:
