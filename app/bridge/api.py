@@ -14,8 +14,17 @@ from datetime import UTC, datetime
 
 from app.bridge import protocol as p
 from app.bridge.engine import PullEngine
+from app.domain.errors import InvalidInput
 from app.domain.models import Consumer, ConsumerType
-from app.domain.priority import GROUP_NAME, GROUP_NAME_RULE, PriorityConfigError
+from app.domain.priority import (
+    GROUP_NAME,
+    GROUP_NAME_RULE,
+    PriorityConfigError,
+    PriorityPolicy,
+    PrioritySettings,
+    parse_policy,
+    priority_settings,
+)
 from app.services.bridge import BridgeService, Lookup
 
 NAMES_PAGE = 1024
@@ -207,15 +216,16 @@ class ApiHandler:
 
     async def _create(self, stream: str, name: str | None, body: bytes) -> bytes:
         kind = p.CREATE_TYPE
-        if name is None:
-            try:
-                request = json.loads(body) if body.strip() else {}
-            except ValueError:
-                return p.api_error(kind, 400, 10025, "invalid JSON")
+        config: object = None
+        try:
+            request = json.loads(body) if body.strip() else {}
             config = request.get("config") if isinstance(request, dict) else None
-            if isinstance(config, dict):
-                candidate = config.get("name") or config.get("durable_name")
-                name = candidate if isinstance(candidate, str) and candidate else None
+        except ValueError:
+            if name is None:
+                return p.api_error(kind, 400, 10025, "invalid JSON")
+        if name is None and isinstance(config, dict):
+            candidate = config.get("name") or config.get("durable_name")
+            name = candidate if isinstance(candidate, str) and candidate else None
         if name is None:
             return p.api_error(
                 kind,
@@ -227,6 +237,14 @@ class ApiHandler:
         found = await self._service.lookup(stream, name)
         if not found.channel_found:
             return p.stream_not_found(kind)
+        wanted = None
+        if isinstance(config, dict):
+            try:
+                wanted = _priority_of(config)
+            except PriorityConfigError as exc:
+                return p.api_error(kind, 400, exc.err_code, exc.description)
+            except InvalidInput as exc:
+                return p.api_error(kind, 400, None, exc.detail)
         consumer = found.consumer
         if consumer is None:
             return p.api_error(
@@ -239,7 +257,36 @@ class ApiHandler:
             )
         if consumer.type is not ConsumerType.PULL:
             return _push_error(kind, consumer)
+        if wanted is not None and not _same_priority(wanted, consumer.priority):
+            return p.api_error(
+                kind,
+                400,
+                None,
+                "webhook-broker does not change consumers over NATS: the priority settings "
+                f"of {name!r} differ from the request's; change them over HTTP",
+            )
         return await self.info_document(consumer, kind)
+
+
+def _priority_of(config: dict[str, object]) -> PrioritySettings | None:
+    """The priority settings a CREATE config asks for, checked as nats-server checks them
+    (None: it names none)."""
+    groups = config.get("priority_groups") or []
+    policy = config.get("priority_policy") or "none"
+    timeout = config.get("priority_timeout") or 0
+    if not groups and policy == "none" and not timeout:
+        return None
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise InvalidInput("priority_groups must be a list of names")
+    if not isinstance(policy, str) or not isinstance(timeout, int):
+        raise InvalidInput("priority_policy must be a name and priority_timeout nanoseconds")
+    seconds = -(-timeout // p.NANOS) if timeout > 0 else None
+    return priority_settings(groups, parse_policy(policy), seconds, pull=True)
+
+
+def _same_priority(a: PrioritySettings, b: PrioritySettings) -> bool:
+    pinned = a.policy is PriorityPolicy.PINNED_CLIENT
+    return (a.group, a.policy) == (b.group, b.policy) and (not pinned or a.timeout() == b.timeout())
 
 
 def _empty_request(body: bytes) -> bool:

@@ -499,3 +499,43 @@ async def eventually_attached(process: Runtime) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the advisory link never connected")
+
+
+BAD_CONFIGS: dict[str, dict[str, Any]] = {
+    "groups_without_policy": {"priority_groups": ["jobs"]},
+    "policy_without_groups": {"priority_policy": "overflow"},
+    "bad_group_name": {"priority_groups": ["no spaces"], "priority_policy": "overflow"},
+    "empty_group_name": {"priority_groups": [""], "priority_policy": "overflow"},
+    "timeout_without_policy": {"priority_timeout": 5 * p.NANOS},
+}
+
+
+async def create_errors(url: str) -> dict[str, Any]:
+    nc = await nats.connect(url)
+    out: dict[str, Any] = {}
+    try:
+        for key, extra in BAD_CONFIGS.items():
+            config = consumer_config("over", None) | extra
+            reply = await nc.request(
+                "$JS.API.CONSUMER.CREATE.orders.over.orders",
+                json.dumps({"stream_name": "orders", "config": config}).encode(),
+                timeout=5,
+            )
+            out[key] = json.loads(reply.data).get("error")
+    finally:
+        await nc.close()
+    return out
+
+
+@uncapped_only
+async def test_create_checks_priority_settings_as_jetstream(
+    jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory, client: Any
+) -> None:
+    expected = await on_jetstream(
+        jetstream_server, [consumer_config("over", "overflow")], lambda url, _: create_errors(url)
+    )
+    assert expected["groups_without_policy"]["err_code"] == 10196
+    assert expected["empty_group_name"]["err_code"] == 10161
+    await broker_consumers(client)
+    await make_bridge("client")
+    assert await create_errors(hub.url) == expected
