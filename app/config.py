@@ -395,6 +395,12 @@ SECTIONS: tuple[Section, ...] = (
                 "Most jobs one pull (or one batch ack) may carry.",
             ),
             Key(
+                "max-stream-batch",
+                "4096",
+                _positive_int,
+                "Most jobs one streaming pull may ask for (it is claimed max-batch at a time).",
+            ),
+            Key(
                 "max-expires-seconds",
                 "300",
                 _positive_int,
@@ -630,6 +636,7 @@ class ConsumerConnectionConfig:
 @dataclass(frozen=True, slots=True)
 class PullConfig:
     max_batch: int
+    max_stream_batch: int
     max_expires_seconds: int
     max_waiting: int
     sweep_batch_size: int

@@ -81,6 +81,7 @@ class Runtime:
             self.scheduler,
             PullLimits(
                 max_batch=config.pull.max_batch,
+                max_stream_batch=config.pull.max_stream_batch,
                 max_expires_seconds=config.pull.max_expires_seconds,
                 max_waiting=config.pull.max_waiting,
             ),

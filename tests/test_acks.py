@@ -331,7 +331,7 @@ async def test_batch_ack_reports_each_item(
             {"id": ids[1], "type": "nak", "delay": 0},
             {"id": ids[2], "type": "term", "reason": "nope"},
             {"id": ids[3], "type": "progress"},
-            {"id": 999999, "type": "ack"},
+            {"id": 999999, "type": "ack"},  # an integer id is taken as well
             {"id": ids[4], "type": "ack", "attempt": 7},
             {"id": ids[0], "type": "term"},
             {"id": delivered_already},
@@ -344,7 +344,7 @@ async def test_batch_ack_reports_each_item(
         (ids[1], 202),
         (ids[2], 202),
         (ids[3], 200),
-        (999999, 404),
+        ("999999", 404),
         (ids[4], 409),
         (ids[0], 409),
         (delivered_already, 409),
@@ -379,7 +379,7 @@ async def test_plain_ack_batch_acks_what_it_can_and_explains_the_rest(
     )
     assert [(x["id"], x["status"]) for x in r.json()["Results"]] == [
         (ids[0], 202),
-        (999999, 404),
+        ("999999", 404),
         (ids[1], 409),
         (ids[2], 202),
         (ids[3], 409),

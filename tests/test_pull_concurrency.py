@@ -34,7 +34,7 @@ async def test_fifty_pullers_drain_two_thousand_jobs_exactly_once(
     started = time.monotonic()
     await publish_many(runtime, JOBS, concurrency=16)
     published = time.monotonic()
-    claimed: list[int] = []
+    claimed: list[str] = []
     oversized: list[tuple[int, int]] = []
     statuses: Counter[int] = Counter()
 
@@ -68,7 +68,7 @@ async def test_fifty_pullers_drain_two_thousand_jobs_exactly_once(
     assert duplicates == []
     assert len(claimed) == JOBS
     rows = await job_rows(runtime)
-    assert {row.id for row in rows} == set(claimed)
+    assert {str(row.id) for row in rows} == set(claimed)
     assert {(row.status, row.attempt) for row in rows} == {("INFLIGHT", 1)}
 
 
@@ -86,24 +86,24 @@ WORKERS = 16
 class Ledger:
     """What the workers saw, to check against the database at the end."""
 
-    claims: list[tuple[int, int]] = field(default_factory=list)
-    latest: dict[int, int] = field(default_factory=dict)
-    accepted: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
-    term_reasons: dict[int, str] = field(default_factory=dict)
-    stale_accepted: list[tuple[str, int, int]] = field(default_factory=list)
+    claims: list[tuple[str, int]] = field(default_factory=list)
+    latest: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
+    term_reasons: dict[str, str] = field(default_factory=dict)
+    stale_accepted: list[tuple[str, str, int]] = field(default_factory=list)
     stale_refused: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
-    zombies: list[tuple[PullConsumer, int, int, float]] = field(default_factory=list)
+    zombies: list[tuple[PullConsumer, str, int, float]] = field(default_factory=list)
 
     def claimed(self, jobs: list[dict[str, Any]]) -> None:
         for job in jobs:
             self.claims.append((job["ID"], job["Attempt"]))
             self.latest[job["ID"]] = max(self.latest.get(job["ID"], 0), job["Attempt"])
 
-    def is_stale(self, job_id: int, attempt: int) -> bool:
+    def is_stale(self, job_id: str, attempt: int) -> bool:
         return self.latest[job_id] > attempt
 
-    def outcome(self, kind: str, job_id: int, attempt: int, stale: bool, status: int) -> None:
+    def outcome(self, kind: str, job_id: str, attempt: int, stale: bool, status: int) -> None:
         if status == 202:
             self.accepted[kind].append((job_id, attempt))
             if stale:
@@ -227,7 +227,7 @@ async def test_chaos_every_job_ends_delivered_or_dead(
     t_done = time.monotonic()
 
     rows = await job_rows(runtime)
-    by_id = {row.id: row for row in rows}
+    by_id = {str(row.id): row for row in rows}
     counts = Counter(row.status for row in rows)
     accepted_acks = ledger.accepted["ack"]
     print(
@@ -245,13 +245,13 @@ async def test_chaos_every_job_ends_delivered_or_dead(
     # Every accepted ack delivered exactly one job, under the attempt the job ended on.
     assert len(accepted_acks) == counts["DELIVERED"]
     assert {job_id for job_id, _ in accepted_acks} == {
-        row.id for row in rows if row.status == "DELIVERED"
+        str(row.id) for row in rows if row.status == "DELIVERED"
     }
     for job_id, attempt in accepted_acks:
         assert by_id[job_id].attempt == attempt
     # Each claim was handed out once, attempts count up from 1 without gaps.
     assert len(set(ledger.claims)) == len(ledger.claims)
-    attempts: defaultdict[int, list[int]] = defaultdict(list)
+    attempts: defaultdict[str, list[int]] = defaultdict(list)
     for job_id, attempt in ledger.claims:
         attempts[job_id].append(attempt)
     assert set(attempts) == set(by_id)

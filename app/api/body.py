@@ -50,6 +50,16 @@ def whole_number(value: object, name: str, *, minimum: int = 0, maximum: int | N
     return value
 
 
+def job_id(value: object, name: str = "id") -> int:
+    """A job id, as a string of digits (what responses give: JavaScript rounds integers past
+    2^53) or a JSON integer."""
+    if isinstance(value, str):
+        if not value.isascii() or not value.isdigit() or len(value) > 19:
+            raise InvalidInput(f"{name} must be a job id: a string of digits or an integer")
+        value = int(value)
+    return whole_number(value, name, minimum=1, maximum=MAX_ID)
+
+
 def seconds(value: object, name: str, *, maximum: float = MAX_INT32) -> float:
     """A finite, non-negative number of seconds, at most `maximum`."""
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -7,8 +7,13 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+import orjson
+
 from app.domain.models import ClaimedJob, Consumer, Job, Message, Page, PulledJob, Stakeholder
 from app.domain.priority import PriorityPolicy
+from app.domain.pulls import PullEnd
+from app.services.pulling import ConsumerInfo
+from app.services.streaming import Heartbeat, StreamEnd, StreamEvent
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -103,7 +108,7 @@ def pulled_job(job: PulledJob) -> dict[str, Any]:
     # The lease's datetime goes to the response as it is: orjson writes the same ISO 8601
     # text as isoformat() (checked in the pull tests), ten times faster, 100 times a pull.
     return {
-        "ID": job.id,
+        "ID": str(job.id),
         "Attempt": job.attempt,
         "Priority": job.priority,
         "LeaseExpiresAt": job.lease_expires_at,
@@ -154,3 +159,54 @@ def message(item: Message, jobs: list[tuple[Job, str]]) -> dict[str, Any]:
             for job, consumer_id in jobs
         ],
     }
+
+
+def consumer_info(info: ConsumerInfo) -> dict[str, Any]:
+    snapshot = info.snapshot
+    state, stats, pin = snapshot.state, snapshot.stats, snapshot.pin
+    return {
+        "Channel": snapshot.consumer.channel_id,
+        "Consumer": snapshot.consumer.id,
+        "Pending": stats.due,
+        "PendingBytes": stats.due_bytes,
+        "AckPending": stats.inflight,
+        "Waiting": info.waiting,
+        "Redelivered": state.redelivered,
+        "LastDeliveredAt": iso(state.last_delivered_at),
+        "NextDueAt": iso(stats.next_due_at),
+        "PinId": pin.pinned_id if pin else None,
+    }
+
+
+# How a streaming pull ended, as its status line says it (JetStream's codes for the same ends).
+STREAM_STATUS: dict[PullEnd, tuple[int, str]] = {
+    PullEnd.FILLED: (200, "batch completed"),
+    PullEnd.BYTES_LEFT: (200, "batch completed"),
+    PullEnd.DELIVERED: (200, "batch completed"),
+    PullEnd.NO_MESSAGES: (404, "no messages"),
+    PullEnd.EXPIRED: (408, "expired"),
+    PullEnd.TOO_LARGE: (409, "max_bytes reached"),
+    PullEnd.CONSUMER_DELETED: (410, "consumer deleted"),
+    PullEnd.PIN_MISMATCH: (423, "pin lost: another client holds the pin"),
+    PullEnd.WRONG_PIN: (423, "pin lost: the pin is no longer held"),
+    PullEnd.DROPPED: (503, "server shutting down"),
+}
+HEARTBEAT_LINE = b'{"Heartbeat":true}\n'
+
+
+def stream_line(event: StreamEvent) -> bytes:
+    if isinstance(event, Heartbeat):
+        return HEARTBEAT_LINE
+    if isinstance(event, StreamEnd):
+        status, reason = STREAM_STATUS[event.outcome]
+        body: dict[str, Any] = {
+            "Status": status,
+            "Reason": reason,
+            "PendingMessages": event.batch_left,
+            "PendingBytes": event.bytes_left or 0,
+        }
+    else:
+        body = {"Job": pulled_job(event.job), "Pending": event.pending}
+        if event.pin is not None:
+            body["PinId"] = event.pin
+    return orjson.dumps(body) + b"\n"

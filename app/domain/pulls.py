@@ -32,6 +32,7 @@ class ConsumerCredentials:
 @dataclass(frozen=True, slots=True)
 class PullLimits:
     max_batch: int
+    max_stream_batch: int
     max_expires_seconds: int
     max_waiting: int
 
@@ -44,6 +45,8 @@ class PullRequest:
     no_wait: bool = False
     incremental_timeout: int = 0
     terms: PullPriority = PLAIN
+    stream: bool = False  # jobs as they are claimed, until batch, max_bytes or expires
+    idle_heartbeat: float | None = None  # a stream's heartbeat after this many idle seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,7 @@ class AckItem(NamedTuple):
     attempt: int | None = None
     delay: float | None = None
     reason: str | None = None
+    counted: bool = True  # a nak that counts a retry (False: handed back unprocessed)
 
 
 class AckResult(enum.Enum):

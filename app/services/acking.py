@@ -49,7 +49,7 @@ class AckService:
     async def ack(self, creds: ConsumerCredentials, job_id: str, item: AckItem) -> AckOutcome:
         """One job's ack; an ack that changes nothing raises, saying why."""
         jid = parse_job_id(job_id)
-        item = AckItem(jid, item.type, item.attempt, item.delay, item.reason)
+        item = item._replace(id=jid)
         (outcome,) = await self.ack_many(creds, [item])
         if outcome.result is AckResult.UNKNOWN_JOB:
             raise NotFound(outcome.detail)
@@ -112,35 +112,42 @@ class AckService:
         store = JobStore(tx)
         outcomes: dict[int, AckOutcome] = {}
         seen: set[int] = set()
-        groups: defaultdict[tuple[AckType, float | str | None], list[tuple[int, int | None]]] = (
-            defaultdict(list)
-        )
+        # (type, nak delay, term reason, nak counted)
+        Kind = tuple[AckType, float | None, str | None, bool]
+        groups: defaultdict[Kind, list[tuple[int, int | None]]] = defaultdict(list)
         repeated: list[int] = []
         for index, item in enumerate(items):
             if item.id in seen:
                 repeated.append(index)
                 continue
             seen.add(item.id)
-            key: float | str | None = item.delay if item.type is AckType.NAK else None
-            if item.type is AckType.TERM:
-                key = item.reason or "terminated by the consumer"
-            groups[(item.type, key)].append((item.id, item.attempt))
+            nak = item.type is AckType.NAK
+            groups[
+                (
+                    item.type,
+                    item.delay if nak else None,
+                    item.reason or "terminated by the consumer"
+                    if item.type is AckType.TERM
+                    else None,
+                    item.counted or not nak,
+                )
+            ].append((item.id, item.attempt))
         requeued = False
-        for (kind, key), targets in groups.items():
+        for (kind, delay, reason, counted), targets in groups.items():
             if kind is AckType.ACK:
                 for jid in await self._queue.ack(Named(consumer.pk), targets, tx):
                     outcomes[jid] = AckOutcome(jid, DONE)
                 continue
             if kind is AckType.TERM:
-                changed = await store.complete(consumer.pk, targets, JobStatus.DEAD, str(key))
+                changed = await store.complete(consumer.pk, targets, JobStatus.DEAD, reason)
             elif kind is AckType.NAK:
-                delay = float(key) if isinstance(key, int | float) else None
                 changed = await store.fail(
                     consumer.pk,
                     targets,
                     self._policy,
                     delay=delay,
                     reason="nak with no retries left",
+                    counted=counted,
                 )
                 requeued = requeued or any(j.status is JobStatus.QUEUED for j in changed)
             else:

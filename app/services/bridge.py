@@ -14,11 +14,10 @@ from app.domain.models import MAX_FIELD_LENGTH, Consumer, StreamState
 from app.domain.pulls import AckItem
 from app.services.acking import AckBatch, AckService
 from app.services.claiming import ClaimSource
+from app.services.consumer_state import ConsumerSnapshot, snapshot
 from app.services.pinning import PinService
-from app.store.bridge import BridgeStore, DeliveryState
+from app.store.bridge import BridgeStore
 from app.store.db import Database
-from app.store.jobs import JobStore, QueueStats
-from app.store.pins import Pin, PinStore
 from app.store.stakeholders import ConsumerStore, channels
 
 
@@ -26,14 +25,6 @@ from app.store.stakeholders import ConsumerStore, channels
 class Lookup:
     channel_found: bool
     consumer: Consumer | None
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerSnapshot:
-    consumer: Consumer
-    stats: QueueStats
-    state: DeliveryState
-    pin: Pin | None = None
 
 
 class BridgeService:
@@ -89,11 +80,7 @@ class BridgeService:
         return await self._acks.ack_for(consumer, items)
 
     async def snapshot(self, consumer: Consumer) -> ConsumerSnapshot:
-        async with self._db.transaction() as tx:
-            stats = await JobStore(tx).stats(consumer.pk)
-            state = await BridgeStore(tx).delivery_state(consumer.pk)
-            pin = await PinStore(tx).current(consumer.pk) if consumer.priority.active else None
-        return ConsumerSnapshot(consumer, stats, state, pin)
+        return await snapshot(self._db, consumer)
 
     async def unpin(self, consumer: Consumer, group: str) -> bool:
         return await self._pins.unpin(consumer, group)

@@ -61,12 +61,14 @@ class ClaimSource:
         )
         return ClaimBatch.numbered(claimed.jobs, claimed.pending, claimed.seqs)
 
-    async def release(self, consumer_pk: int, targets: Sequence[tuple[int, int]]) -> None:
+    async def release(
+        self, consumer_pk: int, targets: Sequence[tuple[int, int]], *, sent: bool = False
+    ) -> None:
         """Give back claims nobody received (no retry counted); other pullers are woken."""
         if not targets:
             return
         async with self._db.transaction() as tx:
-            if await BridgeStore(tx).release(consumer_pk, targets):
+            if await BridgeStore(tx).release(consumer_pk, targets, sent=sent):
                 tx.announce([consumer_pk])
 
     async def recheck(

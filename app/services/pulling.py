@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 from app.domain.errors import InvalidInput, PinLost, TooManyWaiting
 from app.domain.models import Consumer, PulledJob
@@ -19,15 +20,26 @@ from app.domain.pulls import (
 )
 from app.services.auth import pull_consumer
 from app.services.claiming import ClaimSource
+from app.services.consumer_state import ConsumerSnapshot, snapshot
 from app.services.scheduler import PullScheduler, Waiter
+from app.services.streaming import PullStream, StreamSink
 from app.store.db import Database
 from app.store.queue import Named, Queue
+
+# Heartbeats more frequent than this would be most of what a stream carries.
+MIN_HEARTBEAT_SECONDS = 0.1
 
 # What a pull that names a pin it does not hold is told (nats-server's status texts).
 PIN_LOST = {
     PullEnd.PIN_MISMATCH: "Nats-Pin-Id mismatch: another client holds the pin",
     PullEnd.WRONG_PIN: "Nats-Wrong-Pin-Id: the pin is no longer held; pull without an id",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    snapshot: ConsumerSnapshot
+    waiting: int  # pull requests waiting in this process
 
 
 class Collected:
@@ -92,11 +104,22 @@ class PullService:
 
     def validate(self, request: PullRequest) -> None:
         limits = self._limits
-        if not 1 <= request.batch <= limits.max_batch:
-            raise InvalidInput(f"batch must be between 1 and {limits.max_batch}")
+        max_batch = limits.max_stream_batch if request.stream else limits.max_batch
+        if not 1 <= request.batch <= max_batch:
+            kind = "a streaming pull's batch" if request.stream else "batch"
+            raise InvalidInput(f"{kind} must be between 1 and {max_batch}")
         if not 0 <= request.expires <= limits.max_expires_seconds:
             raise InvalidInput(
                 f"expires must be between 0 and {limits.max_expires_seconds} seconds"
+            )
+        heartbeat = request.idle_heartbeat
+        if heartbeat is not None and not (
+            MIN_HEARTBEAT_SECONDS <= heartbeat <= request.expires / 2
+        ):
+            # As JetStream: a heartbeat must come at least twice before the request expires.
+            raise InvalidInput(
+                f"idle_heartbeat must be between {MIN_HEARTBEAT_SECONDS} seconds and half of"
+                " expires"
             )
         if request.max_bytes is not None and request.max_bytes < 1:
             raise InvalidInput("max_bytes must be positive")
@@ -108,6 +131,38 @@ class PullService:
             return await pull_consumer(
                 tx, creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
             )
+
+    async def stream(self, creds: ConsumerCredentials, request: PullRequest) -> PullStream:
+        """A streaming pull, waiting in the scheduler until batch, max_bytes or expires is
+        reached; the caller reads its events and closes it."""
+        self.validate(request)
+        consumer = await self.authenticate(creds)
+        terms = check_pull(consumer.priority, request.terms)
+        if self._scheduler.full(consumer.pk):
+            raise TooManyWaiting(
+                f"{self._limits.max_waiting} pull requests are already waiting on this consumer"
+            )
+        sink = StreamSink(lambda: self._scheduler.wake(consumer.pk))
+        waits = not request.no_wait and request.expires > 0 and not self._scheduler.draining
+        waiter = Waiter(
+            sink,
+            batch_left=request.batch,
+            bytes_left=request.max_bytes,
+            no_wait=not waits,
+            expires_given=False,
+            expires_at=asyncio.get_running_loop().time() + request.expires if waits else None,
+            heartbeat=request.idle_heartbeat,
+            incremental_timeout=request.incremental_timeout,
+            terms=terms,
+        )
+        self._scheduler.submit(consumer, waiter)
+        return PullStream(self._scheduler, self._claims, consumer, waiter)
+
+    async def info(self, creds: ConsumerCredentials) -> ConsumerInfo:
+        consumer = await self.authenticate(creds)
+        return ConsumerInfo(
+            await snapshot(self._db, consumer), self._scheduler.waiting(consumer.pk)
+        )
 
     async def pull(self, creds: ConsumerCredentials, request: PullRequest) -> PullResult:
         """A pull that finds work is one statement; the credentials are checked inside it."""

@@ -263,6 +263,12 @@ class PullScheduler:
             self._queues[consumer.pk] = queue
         queue.add(waiter)
 
+    def wake(self, consumer_pk: int) -> None:
+        """A request of this consumer can take jobs again (its transport caught up)."""
+        queue = self._queues.get(consumer_pk)
+        if queue is not None:
+            queue.wake()
+
     def drop(self, which: Callable[[Waiter], bool]) -> None:
         """End the requests `which` picks without an answer (their requester is gone)."""
         for queue in list(self._queues.values()):

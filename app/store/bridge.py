@@ -106,9 +106,13 @@ class BridgeStore:
             first_outstanding_id=int(counts[2]) if counts[2] is not None else None,
         )
 
-    async def release(self, consumer_pk: int, targets: Seq[tuple[int, int]]) -> int:
-        """INFLIGHT -> QUEUED for claims that were never handed to anyone: due now, the attempt
-        given back, no retry counted (fenced on (id, attempt) so a later claim is untouched)."""
+    async def release(
+        self, consumer_pk: int, targets: Seq[tuple[int, int]], *, sent: bool = False
+    ) -> int:
+        """INFLIGHT -> QUEUED for claims nobody took: due now, no retry counted (fenced on
+        (id, attempt) so a later claim is untouched). The attempt is given back unless the
+        job was `sent` (a stream whose client went away): then its receiver may still hold
+        it, and its ack for that attempt must stay stale once the job is claimed again."""
         if not targets:
             return 0
         result = await self._tx.conn.execute(
@@ -120,7 +124,7 @@ class BridgeStore:
             )
             .values(
                 status=QUEUED,
-                attempt=job.c.attempt - 1,
+                attempt=job.c.attempt if sent else job.c.attempt - 1,
                 lease_expires_at=None,
                 earliest_next_attempt_at=self._now,
                 status_changed_at=self._now,

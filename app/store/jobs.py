@@ -365,9 +365,19 @@ class JobStore:
         delay: float | None = None,
         reason: str,
         last_error: str | None = None,
+        counted: bool = True,
     ) -> list[Job]:
-        """INFLIGHT -> QUEUED, retry + 1, due after `delay` or the backoff; DEAD when exhausted."""
-        values = self._failure_values(policy, delay, reason)
+        """INFLIGHT -> QUEUED, retry + 1, due after `delay` or the backoff; DEAD when exhausted.
+        Not `counted` (a job handed back unprocessed): QUEUED, due after `delay` or at once,
+        the retries untouched."""
+        if counted:
+            values = self._failure_values(policy, delay, reason)
+        else:
+            values = {
+                "status": QUEUED,
+                "earliest_next_attempt_at": self._lease(delay or 0),
+                "lease_expires_at": None,
+            }
         if last_error is not None:
             values["last_error"] = last_error
         return await self._transition(self._inflight(consumer_pk, targets), values)

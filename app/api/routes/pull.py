@@ -1,4 +1,4 @@
-"""Our pull API: batch claims with long polling, and acks (single and batched)."""
+"""Our pull API: batch claims with long polling or a stream, and acks (single and batched)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from app.api.body import (
     MAX_ID,
     MAX_INT32,
     body_after_credentials,
+    job_id,
     json_object,
     optional_str,
     seconds,
     whole_number,
 )
 from app.api.deps import CredentialsDep, RuntimeDep
-from app.api.responses import JSONResponse
+from app.api.responses import JSONResponse, NdjsonStream
 from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
 from app.domain.priority import PullPriority
@@ -27,8 +28,17 @@ router = APIRouter(tags=["pull"])
 
 # The priority group fields are JetStream's, with its names (app/domain/priority.py).
 PRIORITY_FIELDS = {"group", "min_pending", "min_ack_pending", "id", "priority"}
-PULL_FIELDS = {"batch", "max_bytes", "expires", "no_wait", "incremental_timeout", *PRIORITY_FIELDS}
-ACK_FIELDS = {"id", "type", "attempt", "delay", "reason"}
+PULL_FIELDS = {
+    "batch",
+    "max_bytes",
+    "expires",
+    "no_wait",
+    "incremental_timeout",
+    "stream",
+    "idle_heartbeat",
+    *PRIORITY_FIELDS,
+}
+ACK_FIELDS = {"id", "type", "attempt", "delay", "reason", "counted"}
 
 
 DEFAULT_EXPIRES = 30.0
@@ -42,6 +52,12 @@ def parse_pull(body: dict[str, Any], max_expires: float = DEFAULT_EXPIRES) -> Pu
     no_wait = body.get("no_wait", False)
     if not isinstance(no_wait, bool):
         raise InvalidInput("no_wait must be true or false")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidInput("stream must be true or false")
+    heartbeat = body.get("idle_heartbeat")
+    if heartbeat is not None and not stream:
+        raise InvalidInput("idle_heartbeat is only allowed with stream true")
     max_bytes = body.get("max_bytes")
     return PullRequest(
         batch=whole_number(body.get("batch", 1), "batch", minimum=1),
@@ -64,10 +80,12 @@ def parse_pull(body: dict[str, Any], max_expires: float = DEFAULT_EXPIRES) -> Pu
                 body.get("priority", 0), "priority", minimum=-MAX_INT32, maximum=MAX_INT32
             ),
         ),
+        stream=stream,
+        idle_heartbeat=None if heartbeat is None else seconds(heartbeat, "idle_heartbeat"),
     )
 
 
-def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
+def parse_ack(body: dict[str, Any], given_id: int | None = None) -> AckItem:
     unknown = set(body) - ACK_FIELDS
     if unknown:
         raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
@@ -76,20 +94,25 @@ def parse_ack(body: dict[str, Any], job_id: int | None = None) -> AckItem:
         kind = AckType(raw_type)
     except ValueError:
         raise InvalidInput(f"type must be ack, nak, term or progress, not {raw_type!r}") from None
-    if job_id is None:
-        job_id = whole_number(body.get("id"), "id", minimum=1, maximum=MAX_ID)
+    jid = job_id(body.get("id")) if given_id is None else given_id
     attempt = body.get("attempt")
     delay = body.get("delay")
     if delay is not None and kind is not AckType.NAK:
         raise InvalidInput("delay is only allowed with type nak")
+    counted = body.get("counted", True)
+    if not isinstance(counted, bool):
+        raise InvalidInput("counted must be true or false")
+    if not counted and kind is not AckType.NAK:
+        raise InvalidInput("counted is only allowed with type nak")
     return AckItem(
-        id=job_id,
+        id=jid,
         type=kind,
         attempt=None
         if attempt is None
         else whole_number(attempt, "attempt", minimum=1, maximum=MAX_INT32),
         delay=None if delay is None else seconds(delay, "delay"),
         reason=optional_str(body.get("reason"), "reason"),
+        counted=counted,
     )
 
 
@@ -105,13 +128,15 @@ ACK_STATUS = {
 
 
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/pull")
-async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
+async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Response:
 
     async def parse() -> PullRequest:
         body = await json_object(request, empty_ok=True)
         return parse_pull(body, rt.config.pull.max_expires_seconds)
 
     pull_request = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    if pull_request.stream:
+        return NdjsonStream(await rt.pulls.stream(creds, pull_request))
     result = await rt.pulls.pull(creds, pull_request)
     body: dict[str, Any] = {
         "Jobs": [views.pulled_job(j) for j in result.jobs],
@@ -120,6 +145,12 @@ async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONR
     if result.pin_id is not None:
         body["PinId"] = result.pin_id
     return JSONResponse(body)
+
+
+@router.get("/channel/{channel_id}/consumer/{consumer_id}/info")
+async def info(creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
+    """The figures the bridge's CONSUMER.INFO gives, for an HTTP client."""
+    return JSONResponse(views.consumer_info(await rt.pulls.info(creds)))
 
 
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/unpin")
@@ -145,7 +176,7 @@ async def unpin(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSON
 async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Response:
 
     async def parse() -> AckItem:
-        return parse_ack(await json_object(request, empty_ok=True), job_id=0)
+        return parse_ack(await json_object(request, empty_ok=True), given_id=0)
 
     item = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
     outcome = await rt.acks.ack(creds, job_id, item)
@@ -169,7 +200,7 @@ async def ack_many(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> J
         {
             "Results": [
                 {
-                    "id": o.id,
+                    "id": str(o.id),
                     "status": ACK_STATUS[o.result],
                     "detail": o.detail,
                     **(
