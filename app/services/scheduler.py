@@ -511,6 +511,8 @@ class ConsumerQueue:
             if self._pinning and self._pin is None and self.ahead.ready:
                 await self._pin_standby()
             leftovers = self._hand_out(self.ahead.take())
+            # Jobs a request could not take yet (its transport is behind) are still there.
+            drained = drained and not leftovers
             if numbered and self.policy.claims_ahead:
                 self.ahead.keep(leftovers, loop.time())
             else:  # unnumbered jobs cannot wait for a request that wants numbers
@@ -547,6 +549,10 @@ class ConsumerQueue:
             )
             self._note(batch)
             leftovers = self._fill(w, batch.deliveries)
+            if w in self.waiters and batch.deliveries and batch.due > 0:
+                # Its claim stopped at its byte budget with jobs left: the next one claimed
+                # ends it (too large for what is left) or fills it further.
+                self._dirty = True
             if (
                 w in self.waiters
                 and w.no_wait
