@@ -316,6 +316,65 @@ async def wakeup(spec: Spec, rec: Recorder) -> None:
     emit("measure_end")
 
 
+async def stream_wakeup(spec: Spec, rec: Recorder) -> None:
+    """The same publishes as `wakeup`, to a streaming pull that stays open: latency from the
+    publish being sent to its job's line arriving (publishes alternate between the API
+    processes, the stream stays on the first)."""
+    import httpx
+
+    ports: list[int] = spec["ports"]
+    publishers = [Connection(p) for p in ports]
+    pub_headers = {
+        "X-Broker-Channel-Token": spec["channel_token"],
+        "X-Broker-Producer-ID": spec["producer"],
+        "X-Broker-Producer-Token": spec["producer_token"],
+        "Content-Type": "application/json",
+    }
+    base = consumer_base(spec)
+    total = spec["samples"] + spec["warmup_samples"]
+    arrivals: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()
+    body = {"stream": True, "batch": total, "expires": 300, "idle_heartbeat": 5}
+    emit("measure_start")
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports[0]}", timeout=30) as http:
+
+        async def read() -> None:
+            async with http.stream(
+                "POST", f"{base}/pull", json=body, headers=consumer_headers(spec)
+            ) as response:
+                async for line in response.aiter_lines():
+                    event = json.loads(line)
+                    if "Job" in event:
+                        arrivals.put_nowait((time.perf_counter(), event["Job"]))
+
+        reader = asyncio.create_task(read())
+        try:
+            await asyncio.sleep(spec["settle"])
+            for i in range(total):
+                publisher = publishers[i % len(ports)]
+                kind = "same process" if publisher.port == ports[0] else "cross process"
+                sent = time.perf_counter()
+                published = await publisher.request(
+                    "POST", f"/channel/{spec['channel']}/broadcast", pub_headers, b'{"n": %d}' % i
+                )
+                if published.status != 201:
+                    rec.error(f"publish {published.status}")
+                    continue
+                arrived, job = await asyncio.wait_for(arrivals.get(), 10)
+                if i >= spec["warmup_samples"]:
+                    rec.latency("wakeup", arrived - sent)
+                    rec.latency(f"wakeup {kind}", arrived - sent)
+                acks = [{"id": job["ID"], "attempt": job["Attempt"]}]
+                await publisher.post_json(f"{base}/ack", {"acks": acks}, consumer_headers(spec))
+                await asyncio.sleep(spec["settle"])
+        except (HttpError, TimeoutError) as exc:
+            rec.error(repr(exc))
+        finally:
+            reader.cancel()
+            for conn in publishers:
+                await conn.close()
+    emit("measure_end")
+
+
 async def idle_pollers(spec: Spec, window: Window, rec: Recorder) -> None:
     """`pollers` long polls that wait on an empty queue for the whole window."""
     ports: list[int] = spec["ports"]
@@ -459,7 +518,7 @@ async def run(spec: Spec) -> dict[str, Any]:
     rec = Recorder()
     mode = spec["mode"]
     if mode == "wakeup":
-        await wakeup(spec, rec)
+        await (stream_wakeup if spec.get("stream") else wakeup)(spec, rec)
         return rec.summary()
     window = Window(spec.get("warmup", 0.0), spec.get("duration", 0.0))
     ports: list[int] = spec.get("ports", [])

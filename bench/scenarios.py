@@ -507,10 +507,16 @@ class Runner:
 
     # -- long polls -----------------------------------------------------------------------------
 
-    async def wakeup(self) -> Measured:
+    async def wakeup(self) -> None:
+        """The long poll's wake-up, then the streaming pull's beside it."""
+        await self._wakeup(stream=False)
+        await self._wakeup(stream=True)
+
+    async def _wakeup(self, *, stream: bool) -> Measured:
         s, env = self.s, self.env
         spec = {
             "mode": "wakeup",
+            "stream": stream,
             "ports": env.api_ports,
             "samples": s.wake_samples,
             "warmup_samples": 5,
@@ -524,8 +530,13 @@ class Runner:
             spec, meter, within=s.wake_samples * 2 + 120
         )
         lat = result.get("latency_ms", {})
+        what = (
+            "streaming pull wake-up: publish -> job line"
+            if stream
+            else ("long-poll wake-up: publish -> waiting pull")
+        )
         m = Measured(
-            f"long-poll wake-up: publish -> waiting pull ({s.wake_samples} samples)",
+            f"{what} ({s.wake_samples} samples)",
             "ours",
             jobs=lat.get("wakeup", {}).get("n", 0),
             seconds=window.seconds,
