@@ -13,6 +13,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from app.cli_client import CLIENT_COMMANDS, add_client_commands, run_client_command
 from app.config import Config, ConfigError, load_config
 from app.logging import setup_logging, warn_ignored_keys
 
@@ -24,17 +25,25 @@ EXIT_CONFIG = 2
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="webhook-broker", description=__doc__)
     parser.add_argument("--config", help="config file, read after the default locations")
+    # `--config` after the command as well (`webhook-broker serve --config x.cfg`): given
+    # there, it wins; not given there, the one before the command stays.
+    config = argparse.ArgumentParser(add_help=False)
+    config.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="API + sweeper in one process; migrates and seeds on start")
-    sub.add_parser("api", help="the HTTP API only")
-    sub.add_parser("sweeper", help="the requeue sweeper only")
-    sub.add_parser("dispatcher", help="push delivery to callback URLs only")
-    sub.add_parser("migrate", help="migrate the database to the newest schema and exit")
-    sub.add_parser("bridge", help="the NATS bridge: JetStream pull clients take jobs ([nats])")
+    for name, text in (
+        ("serve", "API + sweeper in one process; migrates and seeds on start"),
+        ("api", "the HTTP API only"),
+        ("sweeper", "the requeue sweeper only"),
+        ("dispatcher", "push delivery to callback URLs only"),
+        ("migrate", "migrate the database to the newest schema and exit"),
+        ("bridge", "the NATS bridge: JetStream pull clients take jobs ([nats])"),
+    ):
+        sub.add_parser(name, help=text, parents=[config])
     pipeline = sub.add_parser(
         "pipeline", help="Spark jobs: pipeline archive|report|all [--help]", add_help=False
     )
     pipeline.add_argument("pipeline_args", nargs=argparse.REMAINDER)
+    add_client_commands(sub)
     return parser
 
 
@@ -49,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pipeline_main([*top, *args.pipeline_args, *unknown])
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command in CLIENT_COMMANDS:
+        return run_client_command(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -35,6 +35,8 @@ BENCH_CONSUMERS = (
     "redeliver",
     "overflow",
     "soak",
+    "consume",
+    "consume-raw",
 )
 # Seed settings beyond token, channel and type.
 CONSUMER_SETTINGS = {

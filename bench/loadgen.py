@@ -181,6 +181,37 @@ async def pull_worker(spec: Spec, port: int, window: Window, rec: Recorder) -> N
         await conn.close()
 
 
+# -- the client's consume() ------------------------------------------------------------------------
+
+
+async def consume_worker(spec: Spec, window: Window, rec: Recorder) -> None:
+    """app/client's consume() with a handler that acks each job itself, as a worker would;
+    the acks of concurrent handlers are coalesced by the client into batch acks."""
+    from app.client import Broker, Job
+
+    async with Broker(f"http://127.0.0.1:{spec['ports'][0]}") as broker:
+        consumer = broker.consumer(
+            spec["channel"],
+            spec["consumer"],
+            channel_token=spec["channel_token"],
+            consumer_token=spec["consumer_token"],
+        )
+
+        async def handle(job: Job) -> None:
+            await job.ack()
+            rec.counts["acked"] += 1
+
+        context = consumer.consume(
+            handle,
+            max_messages=spec["max_messages"],
+            concurrency=spec["concurrency"],
+            auto_ack=False,
+            error_callback=lambda error: rec.error(repr(error)),
+        )
+        await window.announce()
+        await context.stop()
+
+
 # -- HTTP publish ---------------------------------------------------------------------------------
 
 
@@ -535,6 +566,8 @@ async def run(spec: Spec) -> dict[str, Any]:
             await asyncio.gather(window.announce(), *clients)
     elif mode == "idle":
         await idle_pollers(spec, window, rec)
+    elif mode == "consume":
+        await consume_worker(spec, window, rec)
     elif mode == "jetstream":
         await asyncio.gather(
             window.announce(), *(jetstream_worker(spec, window, rec) for _ in range(workers))

@@ -203,6 +203,17 @@ def targets(runner: Runner) -> list[Target]:
                 check(lat["max"] <= 500),
             )
         )
+    consume_pairs = runner.pairs.get("consume", [])
+    if consume_pairs:
+        x = median_ratio(consume_pairs) or 0.0
+        out.append(
+            Target(
+                "client consume() + ack() per job vs raw pull + batch ack",
+                ">= 60%",
+                f"{x:.1%} (median of {len(consume_pairs)} pairs)",
+                check(x >= 0.6),
+            )
+        )
     for kind in ("long-poll wake-up", "streaming pull wake-up"):
         wake = _find(runner, kind)
         if wake and wake[0].latency_ms.get("wakeup", {}).get("n"):

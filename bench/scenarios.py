@@ -39,11 +39,16 @@ GUESS = {
     "bridge": 10_000.0,
     "pgqueuer": 12_000.0,
     "publish": 5_000.0,
+    "consume": 10_000.0,
+    "consume-raw": 15_000.0,
 }
 # The note on a run whose backlog ran dry: its rate is a lower bound.
 RAN_OUT = "backlog ran out during the run: a lower bound"
 PUB_CHANNEL = "pub"  # the channel of PUB_CONSUMERS, published to by PRODUCER
 PGBENCH_CONSUMER = {"claim": "pgb-claim", "batch_ack": "pgb-batch", "each_ack": "pgb-each"}
+# The client's consume() in the consume scenario: its defaults, but for the handlers.
+CONSUME_MAX_MESSAGES = 500
+CONSUME_CONCURRENCY = 100
 # The consumer each ack style of the HTTP pull scenarios drains.
 PULL_CONSUMER = {"batch": "pull-batch", "each": "pull-each"}
 PAIRS = {
@@ -224,6 +229,9 @@ class Runner:
         round_no: int | None,
         consumer: str | None = None,
         terms: dict[str, Any] | None = None,
+        *,
+        one_api: bool = False,
+        group: str = "ours",
     ) -> Measured:
         s, env = self.s, self.env
         consumer = consumer or PULL_CONSUMER[ack]
@@ -233,7 +241,7 @@ class Runner:
         await db.vacuum(env.conn, "job")
         spec = {
             "mode": "pull",
-            "ports": env.api_ports,
+            "ports": env.api_ports[:1] if one_api else env.api_ports,
             "warmup": s.warmup,
             "duration": s.duration,
             "workers": s.pollers,
@@ -246,9 +254,11 @@ class Runner:
         name = f"HTTP pull({s.batch}) + {label}, {s.pollers} pollers"
         if terms:
             name += f", overflow consumer, {json.dumps(terms)}"
+        if one_api:
+            name += ", one API process"
         if round_no is not None:
             name += f" [round {round_no}]"
-        m = await self.measure_loadgen(name, spec, "delivered", [consumer])
+        m = await self.measure_loadgen(name, spec, "delivered", [consumer], group)
         await self.exhausted(m, consumer)
         if m.rate > 0:
             self.rates[consumer] = m.rate
@@ -282,6 +292,60 @@ class Runner:
                         "ratio": round(over.rate / plain.rate, 4),
                     }
                 )
+
+    async def consume(self) -> None:
+        """The client's consume(), a handler that calls ack() for each job (the client
+        coalesces them), against the raw pull(batch) + batch ack loop of `pollers` pollers:
+        one client process and one API process each, back to back, `rounds` times."""
+        s = self.s
+        for round_no in range(1, s.rounds + 1):
+            raw = await self.bigger_if_dry(
+                functools.partial(
+                    self._http_pull_once,
+                    "batch",
+                    round_no,
+                    "consume-raw",
+                    one_api=True,
+                    group="baseline",
+                ),
+                "consume-raw",
+                2.0,
+            )
+            mine = await self.bigger_if_dry(
+                functools.partial(self._consume_once, round_no), "consume", 2.0
+            )
+            if raw.rate and mine.status == "ok":
+                self.pairs.setdefault("consume", []).append(
+                    {
+                        "ceiling": round(raw.rate, 1),
+                        "ours": round(mine.rate, 1),
+                        "ratio": round(mine.rate / raw.rate, 4),
+                    }
+                )
+
+    async def _consume_once(self, round_no: int) -> Measured:
+        s, env = self.s, self.env
+        consumer = "consume"
+        await env.backlog(consumer, self.need(consumer, s.warmup + s.duration + 3, 20_000))
+        await db.vacuum(env.conn, "job")
+        spec = {
+            "mode": "consume",
+            "ports": env.api_ports[:1],
+            "warmup": s.warmup,
+            "duration": s.duration,
+            "max_messages": CONSUME_MAX_MESSAGES,
+            "concurrency": CONSUME_CONCURRENCY,
+            **env.consumer_spec(consumer),
+        }
+        name = (
+            f"client consume(max_messages={CONSUME_MAX_MESSAGES}, concurrency="
+            f"{CONSUME_CONCURRENCY}) + ack() per job, one API process [round {round_no}]"
+        )
+        m = await self.measure_loadgen(name, spec, "delivered", [consumer])
+        await self.exhausted(m, consumer)
+        if m.rate > 0:
+            self.rates[consumer] = m.rate
+        return m
 
     async def http_publish(self, round_no: int | None = None) -> Measured:
         s, env = self.s, self.env

@@ -274,3 +274,21 @@ def test_migrate_then_api(workdir: Path) -> None:
         assert broker.process.wait(timeout=30) == 0, broker.stderr
     finally:
         broker.stop()
+
+
+def test_config_is_taken_after_the_command_as_well(workdir: Path) -> None:
+    env = clean_env(workdir.parent / "home")
+    for n, args in enumerate(
+        (
+            ["migrate", "--config", "{cfg}"],
+            ["--config", "nowhere.cfg", "migrate", "--config", "{cfg}"],
+        )
+    ):
+        database = workdir / f"after-{n}.sqlite3"
+        config = workdir / f"after-{n}.cfg"
+        config.write_text(f"[rdbms]\nconnection-url={database}\n")
+        result = run([a.format(cfg=config) for a in args], workdir, env)
+        assert result.returncode == 0, result.stderr
+        assert database.exists()  # the file named after the command was read, and it won
+    missing = run(["migrate", "--config", "nowhere.cfg"], workdir, env)
+    assert missing.returncode != 0 and "nowhere.cfg" in missing.stderr
