@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -153,8 +153,12 @@ class Broker:
         except NotFound:
             pass
         form = {key: str(value) for key, value in fields.items() if value is not None}
+        # Always a form, even an empty one (the broker generates the token): httpx would send
+        # an empty body without its content type.
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+        content = urlencode(form).encode()
         body: dict[str, Any] = (
-            await call(self.http, "PUT", path, data=form, headers=headers)
+            await call(self.http, "PUT", path, content=content, headers=headers)
         ).json()
         return body
 

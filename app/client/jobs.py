@@ -110,6 +110,8 @@ class Job:
     async def nak(self, delay: float | None = None) -> None:
         """Failed: queued again after `delay` seconds (or the broker's backoff), a retry
         counted."""
+        if delay is not None and not delay >= 0:
+            raise ValueError("delay must be a non-negative number of seconds")
         await self._finish({"type": "nak", **({} if delay is None else {"delay": delay})})
 
     async def term(self, reason: str | None = None) -> None:
