@@ -27,7 +27,6 @@ from app.client.errors import (
     HeartbeatError,
     InvalidRequest,
     NotFound,
-    ServerError,
     Unauthorized,
 )
 from app.client.jobs import Job
@@ -123,6 +122,8 @@ class ConsumeContext:
         self._failures = 0
         self._retry_at = 0.0
         self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # The error that ended it goes to the error callback as well: nobody need wait().
+        self._done.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._main = asyncio.create_task(self._run(), name="consume")
 
     # -- the caller's side ---------------------------------------------------------------------
@@ -196,11 +197,13 @@ class ConsumeContext:
             if self._state == "draining":
                 await self._finish_buffer()
             await self._close()
-        except BaseException as exc:
-            await self._close()
-            if not self._done.done():
-                self._done.set_exception(exc if isinstance(exc, Exception) else ServerError(0, ""))
+        except asyncio.CancelledError:
+            self._done.cancel()
             raise
+        except Exception as exc:
+            await self._close()
+            self._done.set_exception(exc)
+            return
         if self._error is not None:
             self._done.set_exception(self._error)
         else:

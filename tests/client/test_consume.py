@@ -1,0 +1,266 @@
+"""consume() against a real broker process: the bounded buffer, refills at the threshold,
+stop and drain, a broker restart, a paused broker, a deleted consumer, iteration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from app.client import ConsumerGone, HeartbeatError, Job
+from tests.client.conftest import CHANNEL, Setup, job_state
+
+
+async def pending_batches(setup: Setup) -> list[int]:
+    """Records the `batch` of every pull the consumer's HTTP client sends."""
+    batches: list[int] = []
+
+    async def hook(request: httpx.Request) -> None:
+        if request.url.path.endswith("/pull"):
+            batches.append(json.loads(request.content)["batch"])
+
+    setup.broker.http.event_hooks["request"].append(hook)
+    return batches
+
+
+async def settle(setup: Setup, within: float = 20.0) -> None:
+    """Until the consumer has no job due or in flight."""
+    deadline = time.monotonic() + within
+    while True:
+        info = await setup.consumer.info()
+        if info.pending == 0 and info.ack_pending == 0:
+            return
+        assert time.monotonic() < deadline, info
+        await asyncio.sleep(0.05)
+
+
+async def test_consume_never_holds_more_than_max_messages(setup: Setup) -> None:
+    batches = await pending_batches(setup)
+    holding = 0
+    most = 0
+    handled: list[str] = []
+    all_done = asyncio.Event()
+
+    async def handle(job: Job) -> None:
+        nonlocal holding, most
+        holding += 1
+        most = max(most, holding)
+        await asyncio.sleep(0.005)
+        handled.append(job.text)
+        holding -= 1
+        if len(handled) == 300:
+            all_done.set()
+
+    errors: list[Exception] = []
+    context = setup.consumer.consume(
+        handle, max_messages=20, concurrency=50, error_callback=errors.append
+    )
+    # New messages keep arriving while it consumes.
+    for start in range(0, 300, 50):
+        await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(start, start + 50)])
+        await asyncio.sleep(0.05)
+    await asyncio.wait_for(all_done.wait(), 60)
+    await context.stop()
+    assert sorted(handled) == sorted(f"m{n}" for n in range(300))
+    assert most <= 20  # 50 workers, but never more than max_messages jobs at once
+    assert errors == []
+    assert len(batches) >= 300 // 20  # refilled over and over
+    assert max(batches) <= 20
+    await settle(setup)
+
+
+@pytest.mark.parametrize(("threshold", "small_refills"), [(1, False), (10, True)])
+async def test_the_threshold_decides_when_to_refill(
+    setup: Setup, threshold: int, small_refills: bool
+) -> None:
+    batches = await pending_batches(setup)
+    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(60)])
+    done = asyncio.Event()
+    count = 0
+
+    async def handle(job: Job) -> None:
+        nonlocal count
+        count += 1
+        if count == 60:
+            done.set()
+
+    context = setup.consumer.consume(
+        handle, max_messages=10, threshold_messages=threshold, concurrency=1
+    )
+    await asyncio.wait_for(done.wait(), 30)
+    await context.stop()
+    # threshold 1: a pull only once nothing is pending, each for the whole 10;
+    # threshold 10: a pull as soon as one job is done, for what is missing.
+    assert batches[0] == 10
+    assert any(b < 10 for b in batches) is small_refills
+    await settle(setup)
+
+
+async def test_drain_finishes_the_buffer_and_hands_back_the_rest(setup: Setup) -> None:
+    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(60)])
+    started = asyncio.Event()
+    handled: list[str] = []
+
+    async def handle(job: Job) -> None:
+        started.set()
+        await asyncio.sleep(0.05)
+        handled.append(job.id)
+
+    context = setup.consumer.consume(handle, max_messages=20, concurrency=2)
+    await asyncio.wait_for(started.wait(), 10)
+    await context.drain()
+    assert context.closed and len(handled) >= 20  # everything buffered was handled
+    info = await setup.consumer.info()
+    assert info.ack_pending == 0  # nothing left in flight
+    assert info.pending == 60 - len(handled)
+    for job_id in handled:
+        assert (await job_state(setup, job_id))["Status"] == "DELIVERED"
+    queued = await setup.broker.http.get(
+        f"{setup.consumer.path}/queued-jobs?limit=100", headers=setup.consumer.headers
+    )
+    ids = [j["ID"] for j in queued.json()["Result"]]
+    assert len(ids) == info.pending
+    for job_id in ids:  # never given to the handler: no retry counted
+        assert (await job_state(setup, job_id))["RetryCount"] == 0
+
+
+async def test_stop_hands_back_what_no_handler_started(setup: Setup) -> None:
+    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(50)])
+    started = asyncio.Event()
+    release = asyncio.Event()
+    handled: list[str] = []
+
+    async def handle(job: Job) -> None:
+        started.set()
+        await release.wait()
+        handled.append(job.id)
+
+    context = setup.consumer.consume(handle, max_messages=30, concurrency=1)
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.sleep(0.3)  # the buffer fills up behind the one running handler
+    stopping = asyncio.create_task(context.stop())
+    await asyncio.sleep(0.1)
+    release.set()  # the running handler finishes (and its job is acked)
+    await asyncio.wait_for(stopping, 20)
+    assert len(handled) == 1
+    info = await setup.consumer.info()
+    assert (info.pending, info.ack_pending) == (49, 0)
+    assert (await job_state(setup, handled[0]))["Status"] == "DELIVERED"
+
+
+@pytest.mark.parametrize("consumer_settings", [{"ackWait": "2"}])
+async def test_a_broker_restart_loses_nothing(setup: Setup) -> None:
+    handled: set[str] = set()
+    errors: list[Exception] = []
+
+    async def handle(job: Job) -> None:
+        await asyncio.sleep(0.002)
+        handled.add(job.text)
+
+    context = setup.consumer.consume(
+        handle, max_messages=50, concurrency=10, expires=4, error_callback=errors.append
+    )
+    await setup.broker.publish_many(CHANNEL, [f"a{n}" for n in range(150)])
+    deadline = time.monotonic() + 20
+    while len(handled) < 50:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(setup.process.stop)  # SIGTERM: the broker's streams end
+    await asyncio.sleep(0.5)  # consume retries against a closed port meanwhile
+    await asyncio.to_thread(setup.process.start)
+    await setup.broker.publish_many(CHANNEL, [f"b{n}" for n in range(150)])
+    expected = {f"a{n}" for n in range(150)} | {f"b{n}" for n in range(150)}
+    deadline = time.monotonic() + 60
+    while not expected <= handled:
+        assert time.monotonic() < deadline, sorted(expected - handled)[:10]
+        await asyncio.sleep(0.05)
+    assert not context.closed
+    assert errors  # it said what went wrong while the broker was away
+    await context.stop()
+    await settle(setup)
+
+
+async def test_a_paused_broker_raises_the_heartbeat_error(setup: Setup) -> None:
+    heartbeat = 0.5
+    failed = asyncio.Event()
+    errors: list[Exception] = []
+
+    def on_error(error: Exception) -> None:
+        errors.append(error)
+        if isinstance(error, HeartbeatError):
+            failed.set()
+
+    context = setup.consumer.consume(
+        lambda job: None, expires=5, idle_heartbeat=heartbeat, error_callback=on_error
+    )
+    await asyncio.sleep(1.5)  # a pull is open, beating
+    assert errors == []
+    setup.process.pause()
+    paused = time.monotonic()
+    try:
+        await asyncio.wait_for(failed.wait(), 10)
+        silent = time.monotonic() - paused
+    finally:
+        setup.process.resume()
+    # The silence since the last line it heard (at most one heartbeat before the pause).
+    assert silent <= 2 * heartbeat + 0.5, silent
+    await setup.broker.publish(CHANNEL, "after")  # the pull issued again takes it
+    got: list[Job] = []
+
+    await context.stop()
+    context = setup.consumer.consume(got.append, expires=5)
+    deadline = time.monotonic() + 20
+    while not got:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    await context.stop()
+    assert got[0].text == "after"
+
+
+async def test_a_deleted_consumer_ends_consume(setup: Setup) -> None:
+    errors: list[Exception] = []
+    context = setup.consumer.consume(lambda job: None, expires=10, error_callback=errors.append)
+    await asyncio.sleep(0.5)
+    await setup.broker.delete_consumer(CHANNEL, "billing")
+    with pytest.raises(ConsumerGone):
+        await asyncio.wait_for(context.wait(), 15)
+    assert context.closed
+    assert any(isinstance(e, ConsumerGone) for e in errors)
+
+
+async def test_iterating_a_consume(setup: Setup) -> None:
+    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(30)])
+    seen: list[str] = []
+    context = setup.consumer.consume(max_messages=10)
+    async for job in context:
+        seen.append(job.text)
+        await job.ack()
+        if len(seen) == 30:
+            break
+    await context.stop()
+    assert sorted(seen) == sorted(f"m{n}" for n in range(30))
+    await settle(setup)
+
+
+async def test_a_failing_handler_naks_and_reports(setup: Setup) -> None:
+    await setup.broker.publish(CHANNEL, "boom")
+    errors: list[Exception] = []
+    reported = asyncio.Event()
+
+    def fail(job: Job) -> Any:
+        raise RuntimeError(f"cannot handle {job.text}")
+
+    def on_error(error: Exception) -> None:
+        errors.append(error)
+        reported.set()
+
+    context = setup.consumer.consume(fail, error_callback=on_error)
+    await asyncio.wait_for(reported.wait(), 10)
+    await context.stop()
+    assert isinstance(errors[0], RuntimeError)
+    info = await setup.consumer.info()
+    assert info.ack_pending == 0  # naked: back in the queue with a retry counted
