@@ -47,8 +47,8 @@ RAN_OUT = "backlog ran out during the run: a lower bound"
 PUB_CHANNEL = "pub"  # the channel of PUB_CONSUMERS, published to by PRODUCER
 PGBENCH_CONSUMER = {"claim": "pgb-claim", "batch_ack": "pgb-batch", "each_ack": "pgb-each"}
 # The client's consume() in the consume scenario: its defaults, but for the handlers.
-CONSUME_MAX_MESSAGES = 500
-CONSUME_CONCURRENCY = 100
+CONSUME_MAX_MESSAGES = 1000
+CONSUME_CONCURRENCY = 500
 # The consumer each ack style of the HTTP pull scenarios drains.
 PULL_CONSUMER = {"batch": "pull-batch", "each": "pull-each"}
 PAIRS = {

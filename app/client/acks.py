@@ -24,7 +24,7 @@ from app.client.errors import (
 Post = Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
 
 MAX_ITEMS = 100  # the broker's batch ack takes up to [pull] max-batch items (256 by default)
-MAX_IN_FLIGHT = 2
+MAX_IN_FLIGHT = 4
 # How long a batch is tried again while the broker cannot be reached (a restart, say).
 RETRY_FOR_SECONDS = 15.0
 

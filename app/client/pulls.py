@@ -4,12 +4,12 @@ status line saying how the request ended (see the README's streaming pull)."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from app.client.errors import HeartbeatError, ServerError
 from app.client.http import raise_for
@@ -55,7 +55,7 @@ async def stream_pull(
                         quiet.reschedule(loop.time() + silence)
                     if not line:
                         continue
-                    event = json.loads(line)
+                    event = orjson.loads(line)
                     if "Job" in event:
                         on_job(event["Job"], event.get("PinId"))
                     elif "Status" in event:

@@ -20,7 +20,7 @@ from app.services.scheduler import PullScheduler, Waiter
 
 # Jobs handed to a stream and not yet written that make it stop taking more: a client that
 # reads slowly holds back its own stream only (the rest are claimed for other requests).
-BUFFER_JOBS = 256
+BUFFER_JOBS = 1024
 
 
 @dataclass(frozen=True, slots=True)
