@@ -109,6 +109,15 @@ def consumer_headers(spec: Spec) -> dict[str, str]:
     }
 
 
+def producer_headers(spec: Spec) -> dict[str, str]:
+    return {
+        "X-Broker-Channel-Token": spec["channel_token"],
+        "X-Broker-Producer-ID": spec["producer"],
+        "X-Broker-Producer-Token": spec["producer_token"],
+        "Content-Type": "application/json",
+    }
+
+
 def consumer_base(spec: Spec) -> str:
     return f"/channel/{spec['channel']}/consumer/{spec['consumer']}"
 
@@ -298,12 +307,7 @@ async def wakeup(spec: Spec, rec: Recorder) -> None:
     pullers = [Connection(p) for p in ports]
     publishers = [Connection(p) for p in ports]
     pull_headers = consumer_headers(spec)
-    pub_headers = {
-        "X-Broker-Channel-Token": spec["channel_token"],
-        "X-Broker-Producer-ID": spec["producer"],
-        "X-Broker-Producer-Token": spec["producer_token"],
-        "Content-Type": "application/json",
-    }
+    pub_headers = producer_headers(spec)
     base = consumer_base(spec)
     total = spec["samples"] + spec["warmup_samples"]
     emit("measure_start")
@@ -355,12 +359,7 @@ async def stream_wakeup(spec: Spec, rec: Recorder) -> None:
 
     ports: list[int] = spec["ports"]
     publishers = [Connection(p) for p in ports]
-    pub_headers = {
-        "X-Broker-Channel-Token": spec["channel_token"],
-        "X-Broker-Producer-ID": spec["producer"],
-        "X-Broker-Producer-Token": spec["producer_token"],
-        "Content-Type": "application/json",
-    }
+    pub_headers = producer_headers(spec)
     base = consumer_base(spec)
     total = spec["samples"] + spec["warmup_samples"]
     arrivals: asyncio.Queue[tuple[float, dict[str, Any]]] = asyncio.Queue()

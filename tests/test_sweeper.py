@@ -93,11 +93,11 @@ async def test_sweep_leaves_live_leases_and_other_states_alone(
     assert r.status_code == 202
     r = await client.post(f"{k1.job(ids[1])}/ack", json={"type": "term"}, headers=k1.auth)
     assert r.status_code == 202
-    before = {row.id: row for row in await job_rows(runtime)}
+    before = {str(row.id): row for row in await job_rows(runtime)}
     # ids[2] expired, ids[3] still leased (32 s), and one job still queued.
     await expire_leases(runtime, [ids[2]])
     assert await runtime.sweeps.sweep_all() == 1
-    after = {row.id: row for row in await job_rows(runtime)}
+    after = {str(row.id): row for row in await job_rows(runtime)}
     assert after[ids[2]].status == "QUEUED"
     for job_id, row in before.items():
         if job_id != ids[2]:

@@ -21,7 +21,7 @@ from app.domain.pulls import (
 from app.services.auth import pull_consumer
 from app.services.claiming import ClaimSource
 from app.services.consumer_state import ConsumerSnapshot, snapshot
-from app.services.scheduler import PullScheduler, Waiter
+from app.services.scheduler import PullScheduler, PullSink, Waiter
 from app.services.streaming import PullStream, StreamSink
 from app.store.db import Database
 from app.store.queue import Named, Queue
@@ -138,24 +138,9 @@ class PullService:
         self.validate(request)
         consumer = await self.authenticate(creds)
         terms = check_pull(consumer.priority, request.terms)
-        if self._scheduler.full(consumer.pk):
-            raise TooManyWaiting(
-                f"{self._limits.max_waiting} pull requests are already waiting on this consumer"
-            )
-        sink = StreamSink(lambda: self._scheduler.wake(consumer.pk))
         waits = not request.no_wait and request.expires > 0 and not self._scheduler.draining
-        waiter = Waiter(
-            sink,
-            batch_left=request.batch,
-            bytes_left=request.max_bytes,
-            no_wait=not waits,
-            expires_given=False,
-            expires_at=asyncio.get_running_loop().time() + request.expires if waits else None,
-            heartbeat=request.idle_heartbeat,
-            incremental_timeout=request.incremental_timeout,
-            terms=terms,
-        )
-        self._scheduler.submit(consumer, waiter)
+        sink = StreamSink(lambda: self._scheduler.wake(consumer.pk))
+        waiter = self._join(consumer, request, terms, sink, waits=waits, ends_on_delivery=False)
         return PullStream(self._scheduler, self._claims, consumer, waiter)
 
     async def info(self, creds: ConsumerCredentials) -> ConsumerInfo:
@@ -207,6 +192,37 @@ class PullService:
             return PullResult([d.job for d in batch.deliveries], batch.due)
         return await self.wait(consumer, request, terms)
 
+    def _join(
+        self,
+        consumer: Consumer,
+        request: PullRequest,
+        terms: PullPriority,
+        sink: PullSink,
+        *,
+        waits: bool,
+        ends_on_delivery: bool,
+    ) -> Waiter:
+        """The request, waiting in the scheduler (unless as many wait on the consumer as may)."""
+        if self._scheduler.full(consumer.pk):
+            raise TooManyWaiting(
+                f"{self._limits.max_waiting} pull requests are already waiting on this consumer"
+            )
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(
+            sink,
+            batch_left=request.batch,
+            bytes_left=request.max_bytes,
+            no_wait=not waits,
+            expires_given=False,
+            expires_at=loop.time() + request.expires if waits else None,
+            heartbeat=request.idle_heartbeat,
+            incremental_timeout=request.incremental_timeout,
+            ends_on_delivery=ends_on_delivery,
+            terms=terms,
+        )
+        self._scheduler.submit(consumer, waiter)
+        return waiter
+
     async def wait(
         self,
         consumer: Consumer,
@@ -217,24 +233,8 @@ class PullService:
     ) -> PullResult:
         """Join the scheduler: up to `batch` jobs, ending with the first hand-out or after
         `expires` seconds (or, for a pull that does not wait, when nothing is there for it)."""
-        if self._scheduler.full(consumer.pk):
-            raise TooManyWaiting(
-                f"{self._limits.max_waiting} pull requests are already waiting on this consumer"
-            )
         sink = Collected()
-        loop = asyncio.get_running_loop()
-        waiter = Waiter(
-            sink,
-            batch_left=request.batch,
-            bytes_left=request.max_bytes,
-            no_wait=not waits,
-            expires_given=False,
-            expires_at=loop.time() + request.expires if waits else None,
-            incremental_timeout=request.incremental_timeout,
-            ends_on_delivery=True,
-            terms=terms,
-        )
-        self._scheduler.submit(consumer, waiter)
+        waiter = self._join(consumer, request, terms, sink, waits=waits, ends_on_delivery=True)
         try:
             await asyncio.shield(sink.done)
         finally:

@@ -3,12 +3,14 @@ PostgreSQL, with a channel, a producer and a pull consumer made through the clie
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +19,9 @@ import pytest
 
 from app.client import Broker, PullConsumer
 from bench.pg import free_port
+from tests.conftest import fresh_database
 
 START_SECONDS = 60.0
-CHANNEL = "orders"
 CONSUMER = "billing"
 
 
@@ -78,17 +80,41 @@ class BrokerProcess:
         self.process.send_signal(signal.SIGCONT)
 
 
-@pytest.fixture
-def extra_config() -> str:
-    return "[broker]\nmax-retry=5\nretry-backoff-delays-in-seconds=1\n"
+EXTRA_CONFIG = "[broker]\nmax-retry=5\nretry-backoff-delays-in-seconds=1\n"
+_channels = itertools.count(1)
 
 
-@pytest.fixture
-def broker_process(rdbms: str, extra_config: str, tmp_path: Path) -> Iterator[BrokerProcess]:
-    config = tmp_path / "broker.cfg"
-    config.write_text(rdbms + extra_config)
+def _process(rdbms: str, workdir: Path) -> BrokerProcess:
+    config = workdir / "broker.cfg"
+    config.write_text(rdbms + EXTRA_CONFIG)
     process = BrokerProcess(config)
     process.start()
+    return process
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def shared_process(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    """One broker process for a module's tests on one backend (each test has channels of its
+    own): a process start per test would cost more than the tests."""
+    backend = str(request.param)
+    if backend == "postgresql":
+        request.getfixturevalue("pg_template")
+        section = fresh_database(backend, request.getfixturevalue("pg_base_url"), None)
+    else:
+        section = fresh_database(backend, None, request.getfixturevalue("sqlite_template"))
+    process = _process(section, tmp_path_factory.mktemp(f"broker-{backend}"))
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def private_process(rdbms: str, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker process of the test's own, for a test that stops or pauses it."""
+    process = _process(rdbms, tmp_path)
     try:
         yield process
     finally:
@@ -101,6 +127,7 @@ class Setup:
     consumer: PullConsumer
     process: BrokerProcess
     consumer_token: str
+    channel: str
 
 
 @pytest.fixture
@@ -108,16 +135,35 @@ def consumer_settings() -> dict[str, str]:
     return {}
 
 
+@asynccontextmanager
+async def channel_with_consumer(
+    process: BrokerProcess, consumer_settings: dict[str, str]
+) -> AsyncIterator[Setup]:
+    """A new channel (its token `orders-token`), the producer `shop` and the pull consumer
+    `billing` (token `billing-token`), made through the client."""
+    channel = f"orders-{next(_channels)}"
+    async with Broker(process.url, producer_id="shop") as broker:
+        await broker.put_channel(channel, token="orders-token")
+        broker.producer_token = (await broker.put_producer("shop", token="shop-token"))["Token"]
+        await broker.put_consumer(channel, CONSUMER, token="billing-token", **consumer_settings)
+        consumer = broker.consumer(channel, CONSUMER, consumer_token="billing-token")
+        yield Setup(broker, consumer, process, "billing-token", channel)
+
+
 @pytest.fixture
 async def setup(
-    broker_process: BrokerProcess, consumer_settings: dict[str, str]
+    shared_process: BrokerProcess, consumer_settings: dict[str, str]
 ) -> AsyncIterator[Setup]:
-    async with Broker(broker_process.url, producer_id="shop") as broker:
-        await broker.put_channel(CHANNEL, token="orders-token")
-        broker.producer_token = (await broker.put_producer("shop", token="shop-token"))["Token"]
-        await broker.put_consumer(CHANNEL, CONSUMER, token="billing-token", **consumer_settings)
-        consumer = broker.consumer(CHANNEL, CONSUMER, consumer_token="billing-token")
-        yield Setup(broker, consumer, broker_process, "billing-token")
+    async with channel_with_consumer(shared_process, consumer_settings) as made:
+        yield made
+
+
+@pytest.fixture
+async def private_setup(
+    private_process: BrokerProcess, consumer_settings: dict[str, str]
+) -> AsyncIterator[Setup]:
+    async with channel_with_consumer(private_process, consumer_settings) as made:
+        yield made
 
 
 async def job_state(setup: Setup, job_id: str) -> dict[str, object]:

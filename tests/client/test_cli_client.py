@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.client.conftest import CHANNEL, Setup, job_state
+from tests.client.conftest import Setup, job_state
 
 
 def cli_env(setup: Setup) -> dict[str, str]:
@@ -42,40 +42,40 @@ async def cli(setup: Setup, *args: str, stdin: bytes = b"") -> subprocess.Comple
 
 
 async def test_publish_and_pull(setup: Setup, tmp_path: Path) -> None:
-    done = await cli(setup, "publish", CHANNEL, "--data", "hello", "--message-id", "m-1")
+    done = await cli(setup, "publish", setup.channel, "--data", "hello", "--message-id", "m-1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"/channel/{CHANNEL}/message/m-1"
-    again = await cli(setup, "publish", CHANNEL, "--data", "hello", "--message-id", "m-1")
+    assert done.stdout.strip() == f"/channel/{setup.channel}/message/m-1"
+    again = await cli(setup, "publish", setup.channel, "--data", "hello", "--message-id", "m-1")
     assert again.returncode == 0 and again.stdout.startswith("duplicate:")
     payload = tmp_path / "payload.json"
     payload.write_text('{"order": 2}')
     done = await cli(
-        setup, "publish", CHANNEL, "--file", str(payload), "--priority", "5",
+        setup, "publish", setup.channel, "--file", str(payload), "--priority", "5",
         "--content-type", "application/json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    done = await cli(setup, "publish", CHANNEL, "--file", "-", stdin=b"from stdin")
+    done = await cli(setup, "publish", setup.channel, "--file", "-", stdin=b"from stdin")
     assert done.returncode == 0, done.stderr
-    pulled = await cli(setup, "pull", CHANNEL, "billing", "--batch", "2", "--json", "--ack")
+    pulled = await cli(setup, "pull", setup.channel, "billing", "--batch", "2", "--json", "--ack")
     assert pulled.returncode == 0, pulled.stderr
     jobs = [json.loads(line) for line in pulled.stdout.splitlines()]
     assert [j["payload"] for j in jobs] == ['{"order": 2}', "hello"]
     for job in jobs:
         assert (await job_state(setup, job["id"]))["Status"] == "DELIVERED"
-    plain = await cli(setup, "pull", CHANNEL, "billing", "--expires", "1")
+    plain = await cli(setup, "pull", setup.channel, "billing", "--expires", "1")
     assert plain.returncode == 0 and plain.stdout.split("\t")[2].strip() == "from stdin"
     info = await setup.consumer.info()
     assert info.ack_pending == 1  # printed, not acked
 
 
 async def test_client_commands_say_what_is_wrong(setup: Setup) -> None:
-    bad = await cli(setup, "publish", CHANNEL, "--data", "x", "--channel-token", "nope")
+    bad = await cli(setup, "publish", setup.channel, "--data", "x", "--channel-token", "nope")
     assert bad.returncode == 1 and "403" in bad.stderr
     missing = await cli(setup, "pull", "nowhere", "billing")
     assert missing.returncode == 1 and "404" in missing.stderr
-    unreadable = await cli(setup, "publish", CHANNEL, "--file", "/nonexistent")
+    unreadable = await cli(setup, "publish", setup.channel, "--file", "/nonexistent")
     assert unreadable.returncode == 1 and "cannot read" in unreadable.stderr
-    usage = await cli(setup, "publish", CHANNEL)
+    usage = await cli(setup, "publish", setup.channel)
     assert usage.returncode == 2 and "--data" in usage.stderr
 
 
@@ -83,9 +83,9 @@ async def test_consume_runs_a_command_per_job(setup: Setup, tmp_path: Path) -> N
     out = tmp_path / "out.txt"
     script = f'if [ "$(cat)" = bad ]; then exit 3; fi; echo "$WEBHOOK_BROKER_JOB_ID" >> {out}'
     for text in ("one", "bad", "two"):
-        await setup.broker.publish(CHANNEL, text)
+        await setup.broker.publish(setup.channel, text)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app", "consume", CHANNEL, "billing", "--exec", script,
+        sys.executable, "-m", "app", "consume", setup.channel, "billing", "--exec", script,
         env=cli_env(setup),
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

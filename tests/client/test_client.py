@@ -17,21 +17,21 @@ from app.client import (
     Unauthorized,
 )
 from app.client.sync import SyncBroker
-from tests.client.conftest import CHANNEL, BrokerProcess, Setup, job_state
+from tests.client.conftest import BrokerProcess, Setup, job_state
 
 
 async def test_admin_and_publish(setup: Setup) -> None:
     broker = setup.broker
-    got = await broker.get_consumer(CHANNEL, "billing")
+    got = await broker.get_consumer(setup.channel, "billing")
     assert got["ID"] == "billing" and got["Type"] == "pull" and "Token" not in got
     # a PUT of an existing consumer sends the version it changes, by itself
-    changed = await broker.put_consumer(CHANNEL, "billing", token="billing-token", ackWait=7)
+    changed = await broker.put_consumer(setup.channel, "billing", token="billing-token", ackWait=7)
     assert changed["AckWait"] == 7
-    first = await broker.publish(CHANNEL, {"order": 1}, message_id="order-1", priority=3)
-    again = await broker.publish(CHANNEL, {"order": 1}, message_id="order-1")
-    assert first == Published(f"/channel/{CHANNEL}/message/order-1", created=True)
+    first = await broker.publish(setup.channel, {"order": 1}, message_id="order-1", priority=3)
+    again = await broker.publish(setup.channel, {"order": 1}, message_id="order-1")
+    assert first == Published(f"/channel/{setup.channel}/message/order-1", created=True)
     assert again.created is False and again.message_id == "order-1"
-    results = await broker.publish_many(CHANNEL, [f"m{n}" for n in range(40)], connections=4)
+    results = await broker.publish_many(setup.channel, [f"m{n}" for n in range(40)], connections=4)
     assert len(results) == 40 and all(isinstance(r, Published) and r.created for r in results)
     info = await setup.consumer.info()
     assert (info.pending, info.ack_pending, info.waiting) == (41, 0, 0)
@@ -39,7 +39,7 @@ async def test_admin_and_publish(setup: Setup) -> None:
     assert job.json() == {"order": 1} and job.priority == 3  # the highest priority first
     assert job.content_type == "application/json"
     with pytest.raises(Unauthorized):
-        await broker.publish(CHANNEL, "x", channel_token="wrong")
+        await broker.publish(setup.channel, "x", channel_token="wrong")
 
 
 async def test_fetch_and_next(setup: Setup) -> None:
@@ -48,9 +48,9 @@ async def test_fetch_and_next(setup: Setup) -> None:
     assert await consumer.fetch(5, expires=0.5) == []
     assert time.monotonic() - started >= 0.5  # it waited for jobs until it expired
     assert await consumer.fetch(5, no_wait=True) == []
-    await setup.broker.publish(CHANNEL, b"\xff\x00binary", headers={"X-Trace": "t1"})
+    await setup.broker.publish(setup.channel, b"\xff\x00binary", headers={"X-Trace": "t1"})
     for n in range(3):
-        await setup.broker.publish(CHANNEL, f"m{n}")
+        await setup.broker.publish(setup.channel, f"m{n}")
     started = time.monotonic()
     jobs = await consumer.fetch(2, expires=20)
     assert time.monotonic() - started < 10  # a filled batch ends the fetch, not its expiry
@@ -71,7 +71,7 @@ async def test_fetch_and_next(setup: Setup) -> None:
 async def test_acks_fence_on_the_attempt(setup: Setup) -> None:
     consumer = setup.consumer
     for n in range(3):
-        await setup.broker.publish(CHANNEL, f"m{n}")
+        await setup.broker.publish(setup.channel, f"m{n}")
     first = await consumer.next(expires=5)
     assert first is not None
     # Its lease (ackWait 1 s) runs out; the sweeper gives it back, it is handed out again.
@@ -93,7 +93,7 @@ async def test_acks_fence_on_the_attempt(setup: Setup) -> None:
 async def test_nak_term_progress_and_hand_back(setup: Setup) -> None:
     consumer = setup.consumer
     for n in range(4):
-        await setup.broker.publish(CHANNEL, f"m{n}")
+        await setup.broker.publish(setup.channel, f"m{n}")
     naked, termed, extended, handed = await consumer.fetch(4, no_wait=True)
     await naked.nak(delay=60)
     await termed.term(reason="poison")
@@ -122,7 +122,7 @@ async def test_nak_term_progress_and_hand_back(setup: Setup) -> None:
 
 async def test_acks_of_many_workers_are_coalesced(setup: Setup) -> None:
     consumer = setup.consumer
-    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(150)])
+    await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(150)])
     jobs = await consumer.fetch(150, no_wait=True)
     assert len(jobs) == 150
     before = consumer.acks.requests
@@ -137,7 +137,7 @@ async def test_acks_of_many_workers_are_coalesced(setup: Setup) -> None:
 
 async def test_each_caller_gets_its_own_outcome(setup: Setup) -> None:
     consumer = setup.consumer
-    await setup.broker.publish_many(CHANNEL, ["a", "b"])
+    await setup.broker.publish_many(setup.channel, ["a", "b"])
     good, other = await consumer.fetch(2, no_wait=True)
     await other.hand_back()
     # `other`'s attempt is no longer in flight: in one batch with `good`, only it fails
@@ -147,19 +147,20 @@ async def test_each_caller_gets_its_own_outcome(setup: Setup) -> None:
 
 
 async def test_a_deleted_consumer_is_gone(setup: Setup) -> None:
-    await setup.broker.delete_consumer(CHANNEL, "billing")
+    await setup.broker.delete_consumer(setup.channel, "billing")
     with pytest.raises(Unauthorized):
         await setup.consumer.fetch(1, no_wait=True)
     assert issubclass(ConsumerGone, Exception)
 
 
-def test_the_sync_client(broker_process: BrokerProcess) -> None:
-    with SyncBroker(broker_process.url, producer_id="shop") as broker:
-        broker.put_channel(CHANNEL, token="orders-token")
+def test_the_sync_client(shared_process: BrokerProcess) -> None:
+    channel = "sync-channel"
+    with SyncBroker(shared_process.url, producer_id="shop") as broker:
+        broker.put_channel(channel, token="orders-token")
         broker.broker.producer_token = broker.put_producer("shop")["Token"]
-        broker.put_consumer(CHANNEL, "billing", token="billing-token")
-        broker.publish(CHANNEL, {"n": 1})
-        consumer = broker.consumer(CHANNEL, "billing", consumer_token="billing-token")
+        broker.put_consumer(channel, "billing", token="billing-token")
+        broker.publish(channel, {"n": 1})
+        consumer = broker.consumer(channel, "billing", consumer_token="billing-token")
         (job,) = consumer.fetch(10, expires=0.5)
         assert job.json() == {"n": 1}
         job.ack()
@@ -167,7 +168,7 @@ def test_the_sync_client(broker_process: BrokerProcess) -> None:
         assert consumer.info().ack_pending == 0
 
 
-async def test_publish_needs_its_credentials(broker_process: BrokerProcess) -> None:
-    async with Broker(broker_process.url) as broker:
+async def test_publish_needs_its_credentials(shared_process: BrokerProcess) -> None:
+    async with Broker(shared_process.url) as broker:
         with pytest.raises(ValueError, match="channel's token"):
-            await broker.publish(CHANNEL, "x")
+            await broker.publish("orders", "x")

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from app.client import ConsumerGone, HeartbeatError, Job
-from tests.client.conftest import CHANNEL, Setup, job_state
+from tests.client.conftest import Setup, job_state
 
 
 async def pending_batches(setup: Setup) -> list[int]:
@@ -61,7 +61,7 @@ async def test_consume_never_holds_more_than_max_messages(setup: Setup) -> None:
     )
     # New messages keep arriving while it consumes.
     for start in range(0, 300, 50):
-        await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(start, start + 50)])
+        await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(start, start + 50)])
         await asyncio.sleep(0.05)
     await asyncio.wait_for(all_done.wait(), 60)
     await context.stop()
@@ -78,7 +78,7 @@ async def test_the_threshold_decides_when_to_refill(
     setup: Setup, threshold: int, small_refills: bool
 ) -> None:
     batches = await pending_batches(setup)
-    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(60)])
+    await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(60)])
     done = asyncio.Event()
     count = 0
 
@@ -101,7 +101,7 @@ async def test_the_threshold_decides_when_to_refill(
 
 
 async def test_drain_finishes_the_buffer_and_hands_back_the_rest(setup: Setup) -> None:
-    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(60)])
+    await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(60)])
     started = asyncio.Event()
     handled: list[str] = []
 
@@ -129,7 +129,7 @@ async def test_drain_finishes_the_buffer_and_hands_back_the_rest(setup: Setup) -
 
 
 async def test_stop_hands_back_what_no_handler_started(setup: Setup) -> None:
-    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(50)])
+    await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(50)])
     started = asyncio.Event()
     release = asyncio.Event()
     handled: list[str] = []
@@ -153,7 +153,8 @@ async def test_stop_hands_back_what_no_handler_started(setup: Setup) -> None:
 
 
 @pytest.mark.parametrize("consumer_settings", [{"ackWait": "2"}])
-async def test_a_broker_restart_loses_nothing(setup: Setup) -> None:
+async def test_a_broker_restart_loses_nothing(private_setup: Setup) -> None:
+    setup = private_setup
     handled: set[str] = set()
     errors: list[Exception] = []
 
@@ -164,7 +165,7 @@ async def test_a_broker_restart_loses_nothing(setup: Setup) -> None:
     context = setup.consumer.consume(
         handle, max_messages=50, concurrency=10, expires=4, error_callback=errors.append
     )
-    await setup.broker.publish_many(CHANNEL, [f"a{n}" for n in range(150)])
+    await setup.broker.publish_many(setup.channel, [f"a{n}" for n in range(150)])
     deadline = time.monotonic() + 20
     while len(handled) < 50:
         assert time.monotonic() < deadline
@@ -172,7 +173,7 @@ async def test_a_broker_restart_loses_nothing(setup: Setup) -> None:
     await asyncio.to_thread(setup.process.stop)  # SIGTERM: the broker's streams end
     await asyncio.sleep(0.5)  # consume retries against a closed port meanwhile
     await asyncio.to_thread(setup.process.start)
-    await setup.broker.publish_many(CHANNEL, [f"b{n}" for n in range(150)])
+    await setup.broker.publish_many(setup.channel, [f"b{n}" for n in range(150)])
     expected = {f"a{n}" for n in range(150)} | {f"b{n}" for n in range(150)}
     deadline = time.monotonic() + 60
     while not expected <= handled:
@@ -184,7 +185,8 @@ async def test_a_broker_restart_loses_nothing(setup: Setup) -> None:
     await settle(setup)
 
 
-async def test_a_paused_broker_raises_the_heartbeat_error(setup: Setup) -> None:
+async def test_a_paused_broker_raises_the_heartbeat_error(private_setup: Setup) -> None:
+    setup = private_setup
     heartbeat = 0.5
     failed = asyncio.Event()
     errors: list[Exception] = []
@@ -208,7 +210,7 @@ async def test_a_paused_broker_raises_the_heartbeat_error(setup: Setup) -> None:
         setup.process.resume()
     # The silence since the last line it heard (at most one heartbeat before the pause).
     assert silent <= 2 * heartbeat + 0.5, silent
-    await setup.broker.publish(CHANNEL, "after")  # the pull issued again takes it
+    await setup.broker.publish(setup.channel, "after")  # the pull issued again takes it
     got: list[Job] = []
 
     await context.stop()
@@ -225,7 +227,7 @@ async def test_a_deleted_consumer_ends_consume(setup: Setup) -> None:
     errors: list[Exception] = []
     context = setup.consumer.consume(lambda job: None, expires=10, error_callback=errors.append)
     await asyncio.sleep(0.5)
-    await setup.broker.delete_consumer(CHANNEL, "billing")
+    await setup.broker.delete_consumer(setup.channel, "billing")
     with pytest.raises(ConsumerGone):
         await asyncio.wait_for(context.wait(), 15)
     assert context.closed
@@ -233,7 +235,7 @@ async def test_a_deleted_consumer_ends_consume(setup: Setup) -> None:
 
 
 async def test_iterating_a_consume(setup: Setup) -> None:
-    await setup.broker.publish_many(CHANNEL, [f"m{n}" for n in range(30)])
+    await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(30)])
     seen: list[str] = []
     context = setup.consumer.consume(max_messages=10)
     async for job in context:
@@ -247,7 +249,7 @@ async def test_iterating_a_consume(setup: Setup) -> None:
 
 
 async def test_a_failing_handler_naks_and_reports(setup: Setup) -> None:
-    await setup.broker.publish(CHANNEL, "boom")
+    await setup.broker.publish(setup.channel, "boom")
     errors: list[Exception] = []
     reported = asyncio.Event()
 
@@ -264,3 +266,48 @@ async def test_a_failing_handler_naks_and_reports(setup: Setup) -> None:
     assert isinstance(errors[0], RuntimeError)
     info = await setup.consumer.info()
     assert info.ack_pending == 0  # naked: back in the queue with a retry counted
+
+
+@pytest.mark.parametrize(
+    "consumer_settings", [{"priorityGroups": "jobs", "priorityPolicy": "pinned_client"}]
+)
+async def test_consume_keeps_its_pin_and_learns_when_it_is_lost(setup: Setup) -> None:
+    pins: list[tuple[str, str]] = []
+    changed = asyncio.Event()
+    handled: list[str] = []
+
+    def on_pinned(pin: str) -> None:
+        pins.append(("pinned", pin))
+        changed.set()
+
+    def on_unpinned(pin: str) -> None:
+        pins.append(("unpinned", pin))
+        changed.set()
+
+    context = setup.consumer.consume(
+        lambda job: handled.append(job.text),
+        group="jobs",
+        expires=10,
+        on_pinned=on_pinned,
+        on_unpinned=on_unpinned,
+    )
+    await setup.broker.publish(setup.channel, "first")
+    await asyncio.wait_for(changed.wait(), 10)
+    ((kind, pin),) = pins
+    assert kind == "pinned" and setup.consumer.pin_id == pin
+    changed.clear()
+    unpinned = await setup.broker.http.post(
+        f"{setup.consumer.path}/unpin", json={"group": "jobs"}, headers=setup.consumer.headers
+    )
+    assert unpinned.status_code == 200 and unpinned.json()["Unpinned"] is True
+    await setup.broker.publish(setup.channel, "second")
+    deadline = time.monotonic() + 20
+    while len(pins) < 3 or len(handled) < 2:
+        assert time.monotonic() < deadline, (pins, handled)
+        await asyncio.sleep(0.05)
+    await context.stop()
+    # Its pull named the pin that was gone: told so (423), it pulled without it and was
+    # pinned afresh, and took the second job under the new pin.
+    assert pins[1] == ("unpinned", pin)
+    assert pins[2][0] == "pinned" and pins[2][1] != pin
+    assert handled == ["first", "second"]
