@@ -13,6 +13,8 @@ it. The defaults, the validation, the unknown-key check and webhook-broker.cfg.t
 
 from __future__ import annotations
 
+import base64
+import binascii
 import configparser
 import dataclasses
 import os
@@ -138,6 +140,27 @@ def _terminal_statuses(raw: str) -> tuple[str, ...]:
     return values
 
 
+def _gateway_mode(raw: str) -> str:
+    if raw not in ("none", "hmac"):
+        raise ValueError('must be "none" or "hmac"')
+    return raw
+
+
+def _base64_secret(raw: str) -> bytes:
+    try:
+        return base64.b64decode(raw, validate=True)
+    except binascii.Error:
+        raise ValueError("must be base64") from None
+
+
+def _path_prefixes(raw: str) -> tuple[str, ...]:
+    prefixes = tuple(part.strip() for part in raw.split(",") if part.strip())
+    for prefix in prefixes:
+        if not prefix.startswith("/"):
+            raise ValueError(f"{prefix!r} is not a path (it must start with /)")
+    return prefixes
+
+
 def _nats_mode(raw: str) -> str:
     if raw.lower() not in ("client", "hybrid"):
         raise ValueError("must be client or hybrid")
@@ -173,6 +196,8 @@ class Key:
     # False: a key of the Go original that we accept and validate (so its files load) but do
     # not act on; setting it makes the broker warn at start.
     implemented: bool = True
+    # A secret: an error about its value does not repeat the value.
+    secret: bool = False
 
     @property
     def field_name(self) -> str:
@@ -435,6 +460,44 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "gateway-auth",
+        (
+            Key(
+                "mode",
+                "none",
+                _gateway_mode,
+                "none, or hmac: every request but the exempt paths carries X-Broker-Signature.",
+            ),
+            Key(
+                "hmac-shared-secret",
+                "",
+                _base64_secret,
+                "The shared HMAC-SHA256 key, base64 (required with mode=hmac).",
+                secret=True,
+            ),
+            Key(
+                "hmac-timestamp-tolerance-seconds",
+                "300",
+                _positive_int,
+                "How far a signature's timestamp may be from now.",
+            ),
+            Key(
+                "auth-exempt-paths",
+                "/_status,/metrics,/debug/pprof/",
+                _path_prefixes,
+                "Comma-separated path prefixes that need no signature.",
+            ),
+            Key(
+                "require-v2",
+                "false",
+                _boolean,
+                "Refuse v1 signatures (body only): a v2 one also covers method, path and query.",
+            ),
+        ),
+        "Gateway HMAC, as the Go original checks it (X-Broker-Signature: t=<unix>,v1=<hex>), "
+        "plus v2.",
+    ),
+    Section(
         "nats",
         (
             Key("mode", "client", _nats_mode, "client or hybrid."),
@@ -572,7 +635,7 @@ CONSUMER_SEED_KEYS = frozenset(
 )
 # Sections of the Go original we accept in a config file but do not implement: any key in them
 # is taken, and reported like a not-implemented key.
-IGNORED_SECTIONS = frozenset({"scheduler", "prune", "dlq", "gateway-auth"})
+IGNORED_SECTIONS = frozenset({"scheduler", "prune", "dlq"})
 
 
 def _default(section: str, key: str) -> str:
@@ -664,6 +727,22 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayAuthConfig:
+    mode: str = "none"
+    hmac_shared_secret: bytes = b""
+    hmac_timestamp_tolerance_seconds: int = 300
+    auth_exempt_paths: tuple[str, ...] = ("/_status", "/metrics", "/debug/pprof/")
+    require_v2: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "hmac"
+
+    def __repr__(self) -> str:
+        return f"GatewayAuthConfig(mode={self.mode!r}, secret=<redacted>)"
+
+
+@dataclass(frozen=True, slots=True)
 class NatsConfig:
     """mode=client: one client connection, acks under ack-prefix (any NATS server).
     mode=hybrid: the client connection answers the API; a leafnode connection to leaf-url
@@ -725,6 +804,7 @@ class Config:
     pull: PullConfig
     pipeline: PipelineConfig
     nats: NatsConfig = field(default_factory=lambda: NatsConfig())
+    gateway_auth: GatewayAuthConfig = field(default_factory=GatewayAuthConfig)
     seed: SeedData = field(default_factory=SeedData)
     sources: tuple[str, ...] = ()
     # "[section] key" of every key that was set but has no effect yet (not implemented, or in
@@ -838,7 +918,8 @@ def _parse(parser: configparser.ConfigParser, section: str, key: Key) -> Any:
     try:
         return key.parse(raw)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"[{section}] {key.name}={raw!r}: {exc}") from None
+        shown = "" if key.secret else f"={raw!r}"
+        raise ConfigError(f"[{section}] {key.name}{shown}: {exc}") from None
 
 
 def _parse_section(parser: configparser.ConfigParser, section: Section) -> dict[str, Any]:
@@ -867,6 +948,7 @@ def _build(parser: configparser.ConfigParser) -> Config:
         pull=_fill(PullConfig, values["pull"]),
         pipeline=_fill(PipelineConfig, values["pipeline"]),
         nats=dataclasses.replace(_nats(values["nats"]), configured=parser.has_section("nats")),
+        gateway_auth=_gateway_auth(values["gateway-auth"]),
         seed=_build_seed(parser),
         ignored_keys=_ignored_keys(parser),
     )
@@ -901,6 +983,13 @@ def _database(values: Mapping[str, Any]) -> DatabaseConfig:
 def _http(values: Mapping[str, Any]) -> HttpConfig:
     host, port = values["listener"]
     return _fill(HttpConfig, {**values, "host": host, "port": port})
+
+
+def _gateway_auth(values: Mapping[str, Any]) -> GatewayAuthConfig:
+    config = _fill(GatewayAuthConfig, values)
+    if config.enabled and not config.hmac_shared_secret:
+        raise ConfigError("[gateway-auth] hmac-shared-secret: required when mode=hmac")
+    return config
 
 
 def _nats(values: Mapping[str, Any]) -> NatsConfig:

@@ -476,6 +476,9 @@ INVALID_BY_PARSER = {
     "_nats_mode": "push",
     "_nats_url": "http://x:1",
     "_nats_prefix": "a.*.b",
+    "_gateway_mode": "oauth",
+    "_base64_secret": "not*base64",
+    "_path_prefixes": "_status",
 }
 TYPED_KEYS = [
     (section.name, key) for section in SECTIONS for key in section.keys if key.parse is not str
@@ -497,14 +500,17 @@ def test_every_typed_key_refuses_a_bad_value_by_name(section: str, key: Key) -> 
     for text, environ in (in_a_file, in_the_environment):
         with pytest.raises(ConfigError) as caught:
             load_config_text(text, environ=environ)
-        assert f"[{section}] {key.name}=" in str(caught.value)
+        # The key by name; its value too, unless the key holds a secret.
+        named = f"[{section}] {key.name}" + (":" if key.secret else "=")
+        assert named in str(caught.value)
+        assert (value in str(caught.value)) is not key.secret or not value
 
 
 def test_every_field_gets_a_value_of_its_declared_type() -> None:
     # The table hands parsed values to the dataclasses untyped; this checks what mypy cannot.
     cfg = load_config_text("")
     sections = (cfg.database, cfg.http, cfg.log, cfg.broker, cfg.consumer_connection)
-    for part in (*sections, cfg.pull, cfg.pipeline, cfg.nats):
+    for part in (*sections, cfg.pull, cfg.pipeline, cfg.nats, cfg.gateway_auth):
         hints = typing.get_type_hints(type(part))
         for field in dataclasses.fields(part):
             hint = hints[field.name]

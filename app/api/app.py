@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
+from app.api.gateway import GatewayHmac
 from app.api.routes import consumers, jobs, messages, pull, stakeholders, status
 from app.config import Config
 from app.runtime import Runtime
@@ -38,4 +39,6 @@ def create_app(
     install_error_handlers(app)
     for module in (status, stakeholders, consumers, messages, jobs, pull):
         app.include_router(module.router)
+    if config.gateway_auth.enabled:
+        app.add_middleware(GatewayHmac, config=config.gateway_auth)
     return app

@@ -191,12 +191,11 @@ class Broker:
         path = f"/channel/{_segment(channel)}/broadcast"
         try:
             response = await call(self.http, "POST", path, content=data, headers=request)
-        except Conflict as exc:
+        except Conflict:
             if message_id is None:
                 raise
+            # 409: a message with this id was published before; this one changed nothing.
             location = f"/channel/{_segment(channel)}/message/{_segment(message_id)}"
-            if "X-Broker-Message-ID" not in request or exc.status != 409:
-                raise
             return Published(location, created=False)
         return Published(response.headers["Location"], created=True)
 

@@ -40,7 +40,9 @@ ErrorCallback = Callable[[Exception], None]
 
 FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
-# The broker's longest heartbeat interval that consume() picks by itself.
+# The most one streaming pull may ask for, by default ([pull] max-stream-batch).
+MAX_STREAM_BATCH = 4096
+# The longest heartbeat interval that consume() picks by itself.
 MAX_DEFAULT_HEARTBEAT = 30.0
 
 
@@ -223,12 +225,17 @@ class ConsumeContext:
                 return
         if wanted <= 0 or not low:
             return
-        self.pending += wanted
-        self.pending_bytes += byte_budget or 0
-        self.pulls_issued += 1
-        task = asyncio.create_task(self._pull(wanted, byte_budget), name="consume-pull")
-        self._pulls.add(task)
-        task.add_done_callback(self._pulls.discard)
+        while wanted > 0:  # more than one stream may take when max_messages is that large
+            batch = min(wanted, MAX_STREAM_BATCH)
+            wanted -= batch
+            self.pending += batch
+            self.pending_bytes += byte_budget or 0
+            self.pulls_issued += 1
+            task = asyncio.create_task(self._pull(batch, byte_budget), name="consume-pull")
+            self._pulls.add(task)
+            task.add_done_callback(self._pulls.discard)
+            if byte_budget is not None:
+                break  # the byte budget went to that one
 
     async def _pull(self, batch: int, max_bytes: int | None) -> None:
         o = self.options

@@ -311,3 +311,20 @@ async def test_consume_keeps_its_pin_and_learns_when_it_is_lost(setup: Setup) ->
     assert pins[1] == ("unpinned", pin)
     assert pins[2][0] == "pinned" and pins[2][1] != pin
     assert handled == ["first", "second"]
+
+
+async def test_a_buffer_larger_than_one_stream_takes_several(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("app.client.consume.MAX_STREAM_BATCH", 10)
+    batches = await pending_batches(setup)
+    await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(25)])
+    got: list[Job] = []
+    context = setup.consumer.consume(got.append, max_messages=25, concurrency=25)
+    deadline = time.monotonic() + 20
+    while len(got) < 25:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    await context.stop()
+    assert batches[:3] == [10, 10, 5]
+    await settle(setup)
