@@ -460,6 +460,32 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "scheduler",
+        (
+            Key(
+                "min-schedule-delay-minutes",
+                "2",
+                _non_negative_int,
+                "How far ahead X-Broker-Scheduled-For must be (412 otherwise).",
+            ),
+            Key(
+                "scheduler-interval-ms",
+                "5000",
+                _positive_int,
+                "The Go original's polling interval; here a scheduled message's jobs are jobs "
+                "not due yet, and waiting pulls and the dispatcher wake when they fall due.",
+                implemented=False,
+            ),
+            Key(
+                "scheduler-batch-size",
+                "100",
+                _positive_int,
+                "The Go original's dispatch batch (no polling scheduler here).",
+                implemented=False,
+            ),
+        ),
+    ),
+    Section(
         "gateway-auth",
         (
             Key(
@@ -635,7 +661,7 @@ CONSUMER_SEED_KEYS = frozenset(
 )
 # Sections of the Go original we accept in a config file but do not implement: any key in them
 # is taken, and reported like a not-implemented key.
-IGNORED_SECTIONS = frozenset({"scheduler", "prune", "dlq"})
+IGNORED_SECTIONS = frozenset({"prune", "dlq"})
 
 
 def _default(section: str, key: str) -> str:
@@ -805,6 +831,7 @@ class Config:
     pipeline: PipelineConfig
     nats: NatsConfig = field(default_factory=lambda: NatsConfig())
     gateway_auth: GatewayAuthConfig = field(default_factory=GatewayAuthConfig)
+    min_schedule_delay_minutes: int = 2
     seed: SeedData = field(default_factory=SeedData)
     sources: tuple[str, ...] = ()
     # "[section] key" of every key that was set but has no effect yet (not implemented, or in
@@ -949,6 +976,7 @@ def _build(parser: configparser.ConfigParser) -> Config:
         pipeline=_fill(PipelineConfig, values["pipeline"]),
         nats=dataclasses.replace(_nats(values["nats"]), configured=parser.has_section("nats")),
         gateway_auth=_gateway_auth(values["gateway-auth"]),
+        min_schedule_delay_minutes=values["scheduler"]["min_schedule_delay_minutes"],
         seed=_build_seed(parser),
         ignored_keys=_ignored_keys(parser),
     )

@@ -61,7 +61,10 @@ class Runtime:
         self.advisories = Advisories()
         self.pins = PinService(self.db, self.advisories)
         self.publishing = PublishingService(
-            self.db, self.queue, config.broker.max_message_size_bytes
+            self.db,
+            self.queue,
+            config.broker.max_message_size_bytes,
+            min_schedule_delay=config.min_schedule_delay_minutes * 60,
         )
         self.messages = MessageQueries(self.db)
         self.health = HealthService(self.db)

@@ -66,7 +66,8 @@ def ack_command(one: int | None = None) -> str:
 
 def publish_command() -> str:
     unique = "replace(gen_random_uuid()::text, '-', '')"
-    return pgbench_text(PUBLISH.replace("%(message_id)s", unique)) + ";"
+    published_now = PUBLISH.replace("%(scheduled_for)s", "NULL")
+    return pgbench_text(published_now.replace("%(message_id)s", unique)) + ";"
 
 
 def script_defines(

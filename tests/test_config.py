@@ -404,6 +404,8 @@ NOT_IMPLEMENTED = [
     "[broker] priority-dispatcher-enabled",
     "[broker] retrigger-base-endpoint",
     "[broker] recovery-workers-enabled",
+    "[scheduler] scheduler-interval-ms",
+    "[scheduler] scheduler-batch-size",
 ]
 
 

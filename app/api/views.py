@@ -137,6 +137,31 @@ def message_path(channel_id: str, message_id: str) -> str:
     return f"/channel/{segment(channel_id)}/message/{segment(message_id)}"
 
 
+def scheduled_message_path(channel_id: str, message_id: str) -> str:
+    return f"/channel/{segment(channel_id)}/scheduled-message/{segment(message_id)}"
+
+
+def scheduled_message(item: Message, now: datetime) -> dict[str, Any]:
+    """The Go original's scheduled-message fields. Its jobs were stored with the message, due
+    at the schedule: it is DISPATCHED once that time has come."""
+    assert item.scheduled_for is not None
+    dispatched = item.scheduled_for <= now
+    payload = payload_fields(item.payload)
+    return {
+        "id": str(item.pk),
+        "messageId": item.message_id,
+        "contentType": item.content_type,
+        "priority": item.priority,
+        "producedBy": item.producer_id,
+        "dispatchSchedule": iso(item.scheduled_for),
+        "dispatchedAt": iso(item.scheduled_for) if dispatched else None,
+        "status": "DISPATCHED" if dispatched else "SCHEDULED",
+        "payload": payload["Payload"],
+        **({"payloadEncoding": "base64"} if "PayloadEncoding" in payload else {}),
+        "headers": item.headers,
+    }
+
+
 def message(item: Message, jobs: list[tuple[Job, str]]) -> dict[str, Any]:
     return {
         "ID": item.message_id,
@@ -145,6 +170,7 @@ def message(item: Message, jobs: list[tuple[Job, str]]) -> dict[str, Any]:
         "Priority": item.priority,
         "ProducedBy": item.producer_id,
         "ReceivedAt": iso(item.received_at),
+        "ScheduledFor": iso(item.scheduled_for),
         "Headers": item.headers,
         "Jobs": [
             {

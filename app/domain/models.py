@@ -68,6 +68,7 @@ class Message(NamedTuple):
     priority: int
     headers: dict[str, str]
     received_at: datetime
+    scheduled_for: datetime | None = None  # its jobs fall due then, not at once
 
 
 class Job(NamedTuple):

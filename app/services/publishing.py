@@ -6,9 +6,10 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
-from app.domain.errors import Conflict, InvalidInput, PayloadTooLarge
+from app.domain.errors import Conflict, InvalidInput, PayloadTooLarge, PreconditionFailed
 from app.domain.models import Message
 from app.services.auth import publishing_producer
 from app.store.db import Database
@@ -46,6 +47,7 @@ class Broadcast:
     message_id: str | None
     metadata_header_names: str | None
     headers: Mapping[str, str]
+    scheduled_for: str | None = None  # X-Broker-Scheduled-For, RFC 3339
 
 
 def parse_priority(raw: str | None) -> int:
@@ -81,26 +83,50 @@ def metadata_headers(names: str | None, headers: Mapping[str, str]) -> dict[str,
     return picked
 
 
+def parse_schedule(raw: str | None, min_delay_seconds: int) -> datetime | None:
+    """When a scheduled message's jobs fall due: RFC 3339, at least the configured delay
+    ahead ([scheduler] min-schedule-delay-minutes), as the Go original says it."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        moment = datetime.fromisoformat(raw.strip())
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise InvalidInput(
+            "invalid date format for X-Broker-Scheduled-For, expected ISO-8601/RFC3339 format"
+        )
+    if moment < datetime.now(UTC) + timedelta(seconds=min_delay_seconds):
+        raise PreconditionFailed(
+            f"scheduled time must be at least {min_delay_seconds // 60} minutes in the future"
+        )
+    return moment.astimezone(UTC)
+
+
 class PublishFields(TypedDict):
     message_id: str
     payload: bytes
     content_type: str
     priority: int
     headers: dict[str, str]
+    scheduled_for: datetime | None
 
 
 class PublishingService:
-    def __init__(self, db: Database, queue: Queue, max_message_size: int) -> None:
+    def __init__(
+        self, db: Database, queue: Queue, max_message_size: int, min_schedule_delay: int = 120
+    ) -> None:
         self._db = db
         self._queue = queue
         self._max_size = max_message_size
+        self._min_schedule_delay = min_schedule_delay
 
     async def publish(self, channel_id: str, request: Broadcast) -> Message:
         """One statement stores the message and its jobs; when it stores nothing, read-only
         checks say why, in the Go original's order (credentials first, then the body)."""
         try:
             fields = self._fields(request)
-        except (InvalidInput, PayloadTooLarge):
+        except (InvalidInput, PayloadTooLarge, PreconditionFailed):
             fields = None
         if fields is not None and request.channel_token is not None and request.producer_id:
             for _ in range(2):
@@ -154,4 +180,5 @@ class PublishingService:
             content_type=content_type,
             priority=parse_priority(request.priority),
             headers=metadata_headers(request.metadata_header_names, request.headers),
+            scheduled_for=parse_schedule(request.scheduled_for, self._min_schedule_delay),
         )

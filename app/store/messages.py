@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, func, insert, literal, select
@@ -14,6 +15,7 @@ from app.domain.models import Cursor, Message, Page
 from app.store.db import Tx, now
 from app.store.pagination import decode_int_cursor, page_bounds, paginate
 from app.store.schema import consumer, job, message
+from app.store.types import Timestamp
 
 
 def message_from_row(row: Row[Any]) -> Message:
@@ -34,6 +36,7 @@ def message_from_mapping(row: Mapping[Any, Any]) -> Message:
         priority=row["priority"],
         headers=dict(headers or {}),
         received_at=row["received_at"],
+        scheduled_for=row.get("scheduled_for"),
     )
 
 
@@ -51,6 +54,7 @@ class MessageStore:
         content_type: str,
         priority: int,
         headers: dict[str, str],
+        scheduled_for: datetime | None = None,
     ) -> tuple[Message, list[int]]:
         """Store the message and one QUEUED job per consumer of the channel.
 
@@ -71,6 +75,7 @@ class MessageStore:
                         priority=priority,
                         headers=headers,
                         received_at=db_now,
+                        scheduled_for=scheduled_for,
                     )
                     .returning(*message.c)
                 )
@@ -99,7 +104,7 @@ class MessageStore:
                     literal("QUEUED"),
                     literal(priority),
                     literal(len(payload)),
-                    db_now,
+                    db_now if scheduled_for is None else literal(scheduled_for, Timestamp()),
                     db_now,
                     db_now,
                 ).where(consumer.c.channel_id == channel_id),

@@ -24,6 +24,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, select
@@ -107,6 +108,7 @@ class NewMessage:
     content_type: str
     priority: int
     headers: dict[str, str]
+    scheduled_for: datetime | None = None  # its jobs fall due then
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,17 +144,18 @@ WITH allowed AS (
       AND producer.token = %(producer_token)s
 ), stored AS (
     INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, priority,
-                         headers, received_at)
+                         headers, received_at, scheduled_for)
     SELECT allowed.id, %(message_id)s, %(producer_id)s, %(payload)s, %(content_type)s,
-           %(priority)s, %(headers)s::json, now()
+           %(priority)s, %(headers)s::json, now(), %(scheduled_for)s::timestamptz
     FROM allowed
     ON CONFLICT (channel_id, message_id) DO NOTHING
-    RETURNING pk, received_at
+    RETURNING pk, received_at, scheduled_for
 ), fanned AS (
     INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
                      earliest_next_attempt_at, status_changed_at, created_at)
     SELECT stored.pk, consumer.pk, '{QUEUED}', %(priority)s, %(payload_size)s,
-           stored.received_at, stored.received_at, stored.received_at
+           coalesce(stored.scheduled_for, stored.received_at), stored.received_at,
+           stored.received_at
     FROM stored JOIN consumer ON consumer.channel_id = %(channel_id)s
     RETURNING consumer_pk
 ), told AS (
@@ -363,6 +366,7 @@ class Queue:
                 "content_type": new.content_type,
                 "priority": new.priority,
                 "headers": json.dumps(new.headers),
+                "scheduled_for": new.scheduled_for,
             },
         )
         if not rows:
@@ -379,6 +383,7 @@ class Queue:
             priority=new.priority,
             headers=new.headers,
             received_at=received_at,
+            scheduled_for=new.scheduled_for,
         )
         return Published(message, list(consumer_pks))
 
@@ -521,6 +526,7 @@ async def _sqlite_publish(tx: Tx, new: NewMessage) -> Published | None:
             content_type=new.content_type,
             priority=new.priority,
             headers=new.headers,
+            scheduled_for=new.scheduled_for,
         )
     except Conflict:
         return None

@@ -108,6 +108,8 @@ message = Table(
     Column("priority", Integer(), nullable=False, server_default="0"),
     Column("headers", JSON(), nullable=False),
     Column("received_at", Timestamp(), nullable=False),
+    # A scheduled message's jobs fall due then (X-Broker-Scheduled-For); NULL: at once.
+    Column("scheduled_for", Timestamp(), nullable=True),
     # The per-channel message id is the producer's idempotency key.
     UniqueConstraint("channel_id", "message_id"),
     Index("ix_message_channel_id_pk", "channel_id", "pk"),

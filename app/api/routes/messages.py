@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from fastapi import APIRouter, Request, Response
 
 from app.api import views
 from app.api.deps import CursorDep, RuntimeDep
 from app.api.responses import JSONResponse
-from app.domain.errors import PayloadTooLarge
+from app.domain.errors import NotFound, PayloadTooLarge
 from app.services.publishing import Broadcast
 
 router = APIRouter(tags=["messages"])
@@ -32,10 +34,23 @@ async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Respon
             message_id=headers.get("X-Broker-Message-ID"),
             metadata_header_names=headers.get("X-Broker-Metadata-Headers"),
             headers=headers,
+            scheduled_for=headers.get("X-Broker-Scheduled-For"),
         ),
     )
-    location = views.message_path(channel_id, message.message_id)
+    if message.scheduled_for is not None:
+        location = views.scheduled_message_path(channel_id, message.message_id)
+    else:
+        location = views.message_path(channel_id, message.message_id)
     return Response(status_code=201, headers={"Location": location})
+
+
+@router.get("/channel/{channel_id}/scheduled-message/{message_id:path}")
+async def get_scheduled_message(channel_id: str, message_id: str, rt: RuntimeDep) -> JSONResponse:
+    """A scheduled message, with the Go original's field names."""
+    message, _ = await rt.messages.get(channel_id, message_id)
+    if message.scheduled_for is None:
+        raise NotFound(f"message {message_id!r} of channel {channel_id!r} was not scheduled")
+    return JSONResponse(views.scheduled_message(message, datetime.now(UTC)))
 
 
 @router.get("/channel/{channel_id}/messages")

@@ -1,0 +1,116 @@
+"""X-Broker-Scheduled-For against a real broker process: the message and its jobs are stored at
+once, due at the schedule; not claimable or listed before it, and handed to a waiting pull
+within a second after it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from app.client import Broker
+from app.config import load_config_text
+from tests.client.conftest import BrokerProcess
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@pytest.fixture
+def process(rdbms: str, tmp_path: Path) -> Iterator[BrokerProcess]:
+    config = tmp_path / "broker.cfg"
+    # No minimum delay, so a test need not wait two minutes for its message.
+    config.write_text(rdbms + "[scheduler]\nmin-schedule-delay-minutes=0\n")
+    broker = BrokerProcess(config)
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+async def test_a_scheduled_message_falls_due_at_its_time(process: BrokerProcess) -> None:
+    async with Broker(process.url, producer_id="shop") as broker:
+        await broker.put_channel("orders", token="orders-token")
+        broker.producer_token = (await broker.put_producer("shop"))["Token"]
+        await broker.put_consumer("orders", "billing", token="billing-token")
+        billing = broker.consumer("orders", "billing", consumer_token="billing-token")
+        headers = {
+            "X-Broker-Channel-Token": "orders-token",
+            "X-Broker-Producer-ID": "shop",
+            "X-Broker-Producer-Token": str(broker.producer_token),
+            "X-Broker-Message-ID": "later",
+        }
+        due = datetime.now(UTC) + timedelta(seconds=3)
+        r = await broker.http.post(
+            "/channel/orders/broadcast",
+            content=b"in three seconds",
+            headers={**headers, "X-Broker-Scheduled-For": rfc3339(due)},
+        )
+        assert r.status_code == 201, r.text
+        assert r.headers["Location"] == "/channel/orders/scheduled-message/later"
+        scheduled = (await broker.http.get(r.headers["Location"])).json()
+        assert scheduled["status"] == "SCHEDULED" and scheduled["dispatchedAt"] is None
+        assert scheduled["messageId"] == "later" and scheduled["payload"] == "in three seconds"
+        assert abs(datetime.fromisoformat(scheduled["dispatchSchedule"]) - due) < timedelta(
+            milliseconds=1
+        )
+        message = (await broker.http.get("/channel/orders/message/later")).json()
+        assert message["ScheduledFor"] is not None
+        assert [j["Status"] for j in message["Jobs"]] == ["QUEUED"]
+        # Not claimable, nor listed among the queued jobs, before its time.
+        assert await billing.fetch(5, no_wait=True) == []
+        listed = await broker.http.get(
+            "/channel/orders/consumer/billing/queued-jobs", headers=billing.headers
+        )
+        assert listed.json()["Result"] == []
+        # A pull waiting for it gets it within a second after its time.
+        job = await billing.next(expires=15)
+        arrived = datetime.now(UTC)
+        assert job is not None and job.text == "in three seconds"
+        assert timedelta(0) <= arrived - due < timedelta(seconds=1), arrived - due
+        await job.ack()
+        scheduled = (await broker.http.get("/channel/orders/scheduled-message/later")).json()
+        assert scheduled["status"] == "DISPATCHED" and scheduled["dispatchedAt"]
+        # A message published at once is no scheduled message.
+        await broker.publish("orders", "now", message_id="now")
+        assert (await broker.http.get("/channel/orders/scheduled-message/now")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("value", "status", "text"),
+    [
+        ("tomorrow", 400, "invalid date format for X-Broker-Scheduled-For"),
+        ("2030-01-01T10:00:00", 400, "invalid date format"),  # no offset: which zone?
+        ("2001-01-01T10:00:00Z", 412, "scheduled time must be at least 0 minutes"),
+    ],
+)
+async def test_a_bad_schedule_is_refused(
+    process: BrokerProcess, value: str, status: int, text: str
+) -> None:
+    async with Broker(process.url, producer_id="shop") as broker:
+        await broker.put_channel("orders", token="orders-token")
+        producer_token = (await broker.put_producer("shop"))["Token"]
+        r = await broker.http.post(
+            "/channel/orders/broadcast",
+            content=b"x",
+            headers={
+                "X-Broker-Channel-Token": "orders-token",
+                "X-Broker-Producer-ID": "shop",
+                "X-Broker-Producer-Token": producer_token,
+                "X-Broker-Scheduled-For": value,
+            },
+        )
+        assert r.status_code == status and text in r.json()["detail"], r.text
+        # credentials come first, as in the Go original
+        r = await broker.http.post(
+            "/channel/orders/broadcast",
+            content=b"x",
+            headers={"X-Broker-Channel-Token": "wrong", "X-Broker-Scheduled-For": value},
+        )
+        assert r.status_code in (401, 403)
+
+
+def test_the_default_minimum_delay_is_two_minutes() -> None:
+    assert load_config_text("").min_schedule_delay_minutes == 2
