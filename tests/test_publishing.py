@@ -294,6 +294,7 @@ async def test_messages_status_counts_jobs(client: httpx.AsyncClient, channel: s
         "INFLIGHT": 0,
         "DELIVERED": 0,
         "DEAD": 0,
+        "SCHEDULED": 0,
     }
 
 

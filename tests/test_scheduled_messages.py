@@ -114,3 +114,60 @@ async def test_a_bad_schedule_is_refused(
 
 def test_the_default_minimum_delay_is_two_minutes() -> None:
     assert load_config_text("").min_schedule_delay_minutes == 2
+
+
+async def test_list_and_cancel_scheduled_messages(process: BrokerProcess) -> None:
+    async with Broker(process.url, producer_id="shop") as broker:
+        await broker.put_channel("orders", token="orders-token")
+        broker.producer_token = (await broker.put_producer("shop"))["Token"]
+        await broker.put_consumer("orders", "billing", token="billing-token")
+        billing = broker.consumer("orders", "billing", consumer_token="billing-token")
+        credentials = {
+            "X-Broker-Channel-Token": "orders-token",
+            "X-Broker-Producer-ID": "shop",
+            "X-Broker-Producer-Token": str(broker.producer_token),
+        }
+        soon = datetime.now(UTC) + timedelta(seconds=2)
+        for message_id, at in (("far", soon + timedelta(hours=1)), ("soon", soon)):
+            r = await broker.http.post(
+                "/channel/orders/broadcast",
+                content=message_id.encode(),
+                headers={
+                    **credentials,
+                    "X-Broker-Message-ID": message_id,
+                    "X-Broker-Scheduled-For": rfc3339(at),
+                },
+            )
+            assert r.status_code == 201, r.text
+        await broker.publish("orders", "now", message_id="now")
+
+        async def listed(query: str = "") -> list[str]:
+            r = await broker.http.get(f"/channel/orders/scheduled-messages{query}")
+            assert r.status_code == 200, r.text
+            return sorted(url.rsplit("/", 1)[1] for url in r.json()["result"])
+
+        assert await listed() == ["far", "soon"]
+        counts = (await broker.http.get("/channel/orders/messages-status")).json()["Counts"]
+        assert (counts["QUEUED"]["Count"], counts["SCHEDULED"]["Count"]) == (3, 2)
+        assert await listed("?status=SCHEDULED") == await listed("?status=100") == ["far", "soon"]
+        assert await listed("?status=DISPATCHED") == []
+        bad = await broker.http.get("/channel/orders/scheduled-messages?status=LATER")
+        assert bad.status_code == 400
+        assert (await broker.http.get("/channel/none/scheduled-messages")).status_code == 404
+
+        path = "/channel/orders/scheduled-message/"
+        wrong = {**credentials, "X-Broker-Producer-Token": "wrong"}
+        assert (await broker.http.delete(path + "far", headers=wrong)).status_code == 403
+        assert (await broker.http.delete(path + "far", headers=credentials)).status_code == 204
+        assert (await broker.http.get("/channel/orders/message/far")).status_code == 404
+        assert (await broker.http.delete(path + "far", headers=credentials)).status_code == 404
+        assert (await broker.http.delete(path + "now", headers=credentials)).status_code == 404
+        assert await listed() == ["soon"]
+        # "now" is due; "soon" falls due in a moment, and is then past cancelling.
+        got = [await billing.next(expires=10) for _ in range(2)]
+        assert sorted(j.text for j in got if j is not None) == ["now", "soon"]
+        late = await broker.http.delete(path + "soon", headers=credentials)
+        assert late.status_code == 409 and "dispatched" in late.json()["detail"]
+        assert await listed("?status=DISPATCHED") == await listed("?status=101") == ["soon"]
+        info = await billing.info()
+        assert (info.pending, info.ack_pending) == (0, 2)  # far's job went with it

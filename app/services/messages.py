@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import builtins
 
-from app.domain.errors import NotFound
+from app.domain.errors import Conflict, NotFound
 from app.domain.models import Cursor, Job, Message, Page
+from app.services.auth import publishing_producer
 from app.store.db import Database
 from app.store.jobs import JobStore
 from app.store.messages import MessageStore
@@ -23,6 +24,31 @@ class MessageQueries:
             if await channels(tx).get(channel_id) is None:
                 raise NotFound(f"channel {channel_id!r} not found")
             return await MessageStore(tx).list(channel_id, cursor, PAGE_SIZE)
+
+    async def scheduled(self, channel_id: str, cursor: Cursor, which: str) -> Page[Message]:
+        """The channel's scheduled messages: "any", "waiting" for their time, "dispatched"."""
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(channel_id) is None:
+                raise NotFound(f"channel {channel_id!r} not found")
+            return await MessageStore(tx).list(channel_id, cursor, PAGE_SIZE, scheduled=which)
+
+    async def cancel_scheduled(
+        self,
+        channel_id: str,
+        message_id: str,
+        credentials: tuple[str | None, str | None, str | None],
+    ) -> None:
+        """A scheduled message and its jobs are gone, if its time has not come (409 after).
+        Whoever may publish to the channel may cancel: (channel token, producer, its token)."""
+        async with self._db.transaction() as tx:
+            await publishing_producer(tx, channel_id, *credentials)
+            store = MessageStore(tx)
+            if await store.cancel_scheduled(channel_id, message_id):
+                return
+            message = await store.get(channel_id, message_id)
+            if message is None or message.scheduled_for is None:
+                raise NotFound(f"no scheduled message {message_id!r} in channel {channel_id!r}")
+            raise Conflict(f"message {message_id!r} was dispatched already: its jobs are due")
 
     async def get(
         self, channel_id: str, message_id: str

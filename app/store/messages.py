@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, func, insert, literal, select
+from sqlalchemy import Row, delete, func, insert, literal, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import Conflict, InvalidInput
@@ -121,12 +121,35 @@ class MessageStore:
         row = (await self._tx.conn.execute(query)).first()
         return message_from_row(row) if row else None
 
-    async def list(self, channel_id: str, cursor: Cursor, limit: int) -> Page[Message]:
+    async def cancel_scheduled(self, channel_id: str, message_id: str) -> bool:
+        """Delete a scheduled message whose time has not come, and with it its jobs (none of
+        them due yet, so none handed out); False when there is no such message."""
+        result = await self._tx.conn.execute(
+            delete(message).where(
+                message.c.channel_id == channel_id,
+                message.c.message_id == message_id,
+                message.c.scheduled_for > now(self._tx.dialect),
+            )
+        )
+        return bool(result.rowcount)
+
+    async def list(
+        self, channel_id: str, cursor: Cursor, limit: int, *, scheduled: str | None = None
+    ) -> Page[Message]:
+        """A channel's messages; `scheduled`: only the scheduled ones, "any", or those whose
+        time has not come ("waiting") or has ("dispatched")."""
         for given in (cursor.next, cursor.previous):
             # Drivers refuse integers beyond BIGINT (a 500); a forged cursor is a 400.
             if given is not None and not 0 <= decode_int_cursor(given) < 2**63:
                 raise InvalidInput("malformed pagination cursor")
         base = select(message).where(message.c.channel_id == channel_id)
+        if scheduled is not None:
+            base = base.where(message.c.scheduled_for.is_not(None))
+            due = message.c.scheduled_for <= now(self._tx.dialect)
+            if scheduled == "waiting":
+                base = base.where(~due)
+            elif scheduled == "dispatched":
+                base = base.where(due)
         rows = (
             await self._tx.conn.execute(paginate(base, message.c.pk, cursor, limit, True))
         ).all()
@@ -141,4 +164,16 @@ class MessageStore:
             .where(message.c.channel_id == channel_id)
             .group_by(job.c.status)
         )
-        return {status: int(count) for status, count in await self._tx.conn.execute(query)}
+        counts = {status: int(count) for status, count in await self._tx.conn.execute(query)}
+        # Of the queued ones, those of scheduled messages whose time has not come.
+        waiting = (
+            select(func.count())
+            .select_from(job.join(message, job.c.message_pk == message.c.pk))
+            .where(
+                message.c.channel_id == channel_id,
+                message.c.scheduled_for > now(self._tx.dialect),
+                job.c.status == "QUEUED",
+            )
+        )
+        counts["SCHEDULED"] = int((await self._tx.conn.execute(waiting)).scalar_one())
+        return counts

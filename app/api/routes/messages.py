@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Header, Request, Response
 
 from app.api import views
 from app.api.deps import CursorDep, RuntimeDep
 from app.api.responses import JSONResponse
-from app.domain.errors import NotFound, PayloadTooLarge
+from app.domain.errors import InvalidInput, NotFound, PayloadTooLarge
 from app.services.publishing import Broadcast
 
 router = APIRouter(tags=["messages"])
@@ -44,6 +45,44 @@ async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Respon
     return Response(status_code=201, headers={"Location": location})
 
 
+# The Go original's status filter: its names, or its numbers (100, 101).
+SCHEDULE_FILTER = {
+    "SCHEDULED": "waiting",
+    "100": "waiting",
+    "DISPATCHED": "dispatched",
+    "101": "dispatched",
+}
+
+
+@router.get("/channel/{channel_id}/scheduled-messages")
+async def list_scheduled_messages(
+    channel_id: str, rt: RuntimeDep, cursor: CursorDep, status: str | None = None
+) -> JSONResponse:
+    which = "any" if not status else SCHEDULE_FILTER.get(status.upper())
+    if which is None:
+        raise InvalidInput("status must be SCHEDULED or DISPATCHED")
+    page = await rt.messages.scheduled(channel_id, cursor, which)
+    urls = [views.scheduled_message_path(channel_id, m.message_id) for m in page.items]
+    path = f"/channel/{views.segment(channel_id)}/scheduled-messages"
+    listed = views.url_list(path, urls, page)
+    return JSONResponse({"result": listed["Result"], "pages": listed["Pages"]})
+
+
+@router.delete("/channel/{channel_id}/scheduled-message/{message_id:path}", status_code=204)
+async def cancel_scheduled_message(
+    channel_id: str,
+    message_id: str,
+    rt: RuntimeDep,
+    channel_token: Annotated[str | None, Header(alias="X-Broker-Channel-Token")] = None,
+    producer_id: Annotated[str | None, Header(alias="X-Broker-Producer-ID")] = None,
+    producer_token: Annotated[str | None, Header(alias="X-Broker-Producer-Token")] = None,
+) -> Response:
+    """Cancel a scheduled message before its time: it and its jobs are gone (409 after)."""
+    credentials = (channel_token, producer_id, producer_token)
+    await rt.messages.cancel_scheduled(channel_id, message_id, credentials)
+    return Response(status_code=204)
+
+
 @router.get("/channel/{channel_id}/scheduled-message/{message_id:path}")
 async def get_scheduled_message(channel_id: str, message_id: str, rt: RuntimeDep) -> JSONResponse:
     """A scheduled message, with the Go original's field names."""
@@ -75,7 +114,8 @@ async def messages_status(channel_id: str, rt: RuntimeDep) -> JSONResponse:
         {
             "Counts": {
                 status: {"Count": counts.get(status, 0)}
-                for status in ("QUEUED", "INFLIGHT", "DELIVERED", "DEAD")
+                # SCHEDULED: those of the QUEUED jobs whose scheduled message is yet to come.
+                for status in ("QUEUED", "INFLIGHT", "DELIVERED", "DEAD", "SCHEDULED")
             }
         }
     )
