@@ -161,6 +161,7 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
             host=config.http.host,
             port=config.http.port,
             log_config=None,
+            access_log=False,  # app/api/requests.py writes one line per request, with its id
             timeout_graceful_shutdown=config.http.write_timeout,
             lifespan="on",
         )

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
 from app.api.gateway import GatewayHmac
+from app.api.requests import RequestIds
 from app.api.routes import consumers, jobs, messages, pull, stakeholders, status
 from app.config import Config
 from app.runtime import Runtime
@@ -41,4 +42,5 @@ def create_app(
         app.include_router(module.router)
     if config.gateway_auth.enabled:
         app.add_middleware(GatewayHmac, config=config.gateway_auth)
+    app.add_middleware(RequestIds)  # the outermost: a refused signature has its id too
     return app

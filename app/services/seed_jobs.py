@@ -12,6 +12,7 @@ from app.services.auth import pull_consumer
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.queue import Named, Queue
+from app.store.stakeholders import check_consumer_tokens
 
 
 class SeedJobService:
@@ -105,10 +106,24 @@ class SeedJobService:
     async def requeue_all_dead(self, creds: ConsumerCredentials) -> int:
         async with self._db.transaction() as tx:
             consumer = await self._consumer(tx, creds, any_type=True)
-            requeued = await JobStore(tx).requeue_dead(consumer.pk)
-            if requeued:
-                tx.announce([consumer.pk])
-            return len(requeued)
+            return await _requeue_dead(tx, consumer)
+
+    async def requeue_all_dead_by_form(
+        self, channel_id: str, consumer_id: str, requeue: str | None
+    ) -> int:
+        """The Go original's form: `requeue=<the consumer's token>`, no token headers."""
+        async with self._db.transaction() as tx:
+            found = await check_consumer_tokens(tx, channel_id, None, consumer_id, requeue)
+            if found is None or found.consumer is None:
+                raise NotFound(f"consumer {consumer_id!r} of channel {channel_id!r} not found")
+            if not requeue or not found.consumer_token_ok:
+                raise InvalidInput("`requeue` form param must match consumer token")
+            return await _requeue_dead(tx, found.consumer)
+
+    async def purge_dead(self, creds: ConsumerCredentials) -> int:
+        async with self._db.transaction() as tx:
+            consumer = await self._consumer(tx, creds, any_type=True)
+            return await JobStore(tx).purge_dead(consumer.pk)
 
     async def delete_dead_job(self, creds: ConsumerCredentials, job_id: str) -> None:
         async with self._db.transaction() as tx:
@@ -117,6 +132,13 @@ class SeedJobService:
             jid = parse_job_id(job_id)
             if not await store.delete_dead(consumer.pk, jid):
                 await _explain_not_dead(store, consumer, jid, "only DEAD jobs are deleted")
+
+
+async def _requeue_dead(tx: Tx, consumer: Consumer) -> int:
+    requeued = await JobStore(tx).requeue_dead(consumer.pk)
+    if requeued:
+        tx.announce([consumer.pk])
+    return len(requeued)
 
 
 async def _explain_not_dead(store: JobStore, consumer: Consumer, job_id: int, rule: str) -> None:

@@ -462,6 +462,13 @@ class JobStore:
         )
         return bool(result.rowcount)
 
+    async def purge_dead(self, consumer_pk: int) -> int:
+        """Every DEAD job of the consumer, deleted."""
+        result = await self._tx.conn.execute(
+            delete(job).where(job.c.consumer_pk == consumer_pk, status_is(DEAD))
+        )
+        return int(result.rowcount or 0)
+
     # -- sweep ---------------------------------------------------------------------------------
 
     async def requeue_expired(self, policy: RetryPolicy, batch: int) -> list[Job]:

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from app.api import views
 from app.api.body import MAX_INT32, body_after_credentials, json_object, whole_number
-from app.api.deps import CredentialsDep, CursorDep, RuntimeDep
+from app.api.deps import FORM_CONTENT_TYPE, CredentialsDep, CursorDep, RuntimeDep
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, parse_next_state
@@ -112,7 +112,23 @@ async def dead_letters(
     return JSONResponse({"DeadJobs": dead, "Pages": pages})
 
 
+@router.delete("/channel/{channel_id}/consumer/{consumer_id}/dlq")
+async def purge_dead(creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
+    """Every dead job of the consumer deleted (the Go original's answer)."""
+    return JSONResponse({"deletedCount": await rt.seed_jobs.purge_dead(creds)})
+
+
 @router.post("/channel/{channel_id}/consumer/{consumer_id}/dlq", status_code=202)
-async def requeue_all_dead(creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
-    count = await rt.seed_jobs.requeue_all_dead(creds)
+async def requeue_all_dead(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
+    """Every dead job of the consumer queued again: with the token headers, or the Go
+    original's form `requeue=<consumer token>`."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type == FORM_CONTENT_TYPE:
+        form = await request.form()
+        token = form.get("requeue")
+        count = await rt.seed_jobs.requeue_all_dead_by_form(
+            creds.channel_id, creds.consumer_id, token if isinstance(token, str) else None
+        )
+    else:
+        count = await rt.seed_jobs.requeue_all_dead(creds)
     return JSONResponse({"Requeued": count}, status_code=202)

@@ -1,0 +1,60 @@
+"""Request ids, as the Go original keeps them: `X-Request-ID` is read (or made) for every
+request, echoed on its response, and written on its access log line, so that a client's report
+and the broker's log meet. One line per request: id, method, path (never the query, the body or
+a header), status and duration."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+HEADER = b"x-request-id"
+# What a client may choose as its id: it is written to the log as it is.
+_GIVEN = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
+
+log = logging.getLogger("webhook_broker.access")
+
+
+def request_id(given: bytes | None) -> str:
+    if given is not None and _GIVEN.match(given):
+        return given.decode("ascii")
+    return uuid.uuid4().hex
+
+
+class RequestIds:
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == HEADER), None)
+        rid = request_id(given)
+        scope.setdefault("state", {})["request_id"] = rid
+        started = time.perf_counter()
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [h for h in message.get("headers", []) if h[0].lower() != HEADER]
+                message = {**message, "headers": [*headers, (HEADER, rid.encode())]}
+            await send(message)
+
+        try:
+            await self._app(scope, receive, sending)
+        finally:
+            log.info(
+                "%s %s %s %d %.1fms",
+                rid,
+                scope["method"],
+                scope["path"],
+                status,
+                (time.perf_counter() - started) * 1000,
+            )
