@@ -189,22 +189,24 @@ async def test_size_limit(client: httpx.AsyncClient, channel: str, runtime: Runt
     assert (await count_rows(runtime))[:2] == (1, 3)
 
 
-@pytest.mark.parametrize("priority", ["high", "1.5", "", " 7 ", "-3", "2147483648", "-2147483649"])
+@pytest.mark.parametrize(
+    "priority", ["high", "1.5", "", " 7 ", "-3", "2147483648", "-2147483648", "-2147483649"]
+)
 async def test_priority(client: httpx.AsyncClient, channel: str, priority: str) -> None:
     r = await publish(client, X_Broker_Message_Priority=priority)
     if priority.strip() in ("", "7", "-3"):
         assert r.status_code == 201, r.text
-        expected = int(priority.strip() or 0)
+        expected = abs(int(priority.strip() or 0))  # as the Go original: -3 is stored as 3
         assert (await client.get(r.headers["Location"])).json()["Priority"] == expected
     else:
         assert r.status_code == 400, r.text
 
 
 async def test_priority_bounds_are_accepted(client: httpx.AsyncClient, channel: str) -> None:
-    for priority in (2**31 - 1, -(2**31)):
+    for priority in (2**31 - 1, -(2**31 - 1)):
         r = await publish(client, X_Broker_Message_Priority=str(priority))
         assert r.status_code == 201, r.text
-        assert (await client.get(r.headers["Location"])).json()["Priority"] == priority
+        assert (await client.get(r.headers["Location"])).json()["Priority"] == abs(priority)
 
 
 async def test_repeated_message_id_is_409_and_changes_nothing(

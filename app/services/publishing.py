@@ -19,7 +19,7 @@ from app.store.queue import NewMessage, Queue
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 MAX_CONTENT_TYPE_LENGTH = 255
 # message.priority and job.priority are 32-bit INTEGER columns.
-MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+MAX_PRIORITY = 2**31 - 1
 # Credentials are never copied into a message's metadata, where every reader would see them.
 SECRET_HEADERS = frozenset(
     {
@@ -51,15 +51,18 @@ class Broadcast:
 
 
 def parse_priority(raw: str | None) -> int:
+    """The Go original stores the absolute value of the priority it is given (a producer that
+    sends -5 gets 5 there), so it is here too; what is not an integer is a 400 here, where Go
+    takes it as 0 in silence."""
     if raw is None or raw.strip() == "":
         return 0
     try:
-        value = int(raw.strip())
+        value = abs(int(raw.strip()))
     except ValueError:
         raise InvalidInput("X-Broker-Message-Priority must be an integer") from None
-    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+    if value > MAX_PRIORITY:
         raise InvalidInput(
-            f"X-Broker-Message-Priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}"
+            f"X-Broker-Message-Priority must be between -{MAX_PRIORITY} and {MAX_PRIORITY}"
         )
     return value
 
