@@ -659,9 +659,28 @@ CONSUMER_SEED_KEYS = frozenset(
         "priority-timeout",
     }
 )
-# Sections of the Go original we accept in a config file but do not implement: any key in them
-# is taken, and reported like a not-implemented key.
-IGNORED_SECTIONS = frozenset({"prune", "dlq"})
+# Sections of the Go original we do not implement, why, and the Go defaults of their keys: a
+# key left at its Go default is reported like a not-implemented key, any other value stops
+# the start.
+IGNORED_SECTIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "prune": (
+        "pruning is `webhook-broker pipeline archive` here (Parquet archive, then delete; see "
+        "[pipeline])",
+        {
+            "export-node-name": "",
+            "message-retention-days": "0",
+            "remote-export-destination": "",
+            "remote-export-url": "",
+            "export-path": "",
+            "remote-file-prefix": "",
+            "max-archive-file-size-in-mb": "100",
+        },
+    ),
+    "dlq": (
+        "no dead-letter summary table is kept here: dead jobs are counted where they are",
+        {"summary-update-interval-seconds": "600"},
+    ),
+}
 
 
 def _default(section: str, key: str) -> str:
@@ -931,13 +950,41 @@ def _check_known_keys(parser: configparser.ConfigParser) -> None:
 
 
 def _ignored_keys(parser: configparser.ConfigParser) -> tuple[str, ...]:
+    """The Go original's keys we do not act on that were set to their default (the broker
+    warns about them); set to anything else, a key stops the start, saying why: its setting
+    would be ignored in silence otherwise."""
     found: list[str] = []
     for section in parser.sections():
         keys = SECTION_KEYS.get(section)
         for name in parser[section]:
-            if section in IGNORED_SECTIONS or (keys is not None and not keys[name].implemented):
-                found.append(f"[{section}] {name}")
+            raw = parser[section][name].strip()
+            if section in IGNORED_SECTIONS:
+                why, defaults = IGNORED_SECTIONS[section]
+                if name not in defaults:
+                    raise ConfigError(f"[{section}] {name}: unknown key")
+                default = defaults[name]
+            elif keys is not None and not keys[name].implemented:
+                key = keys[name]
+                why, default = f"not implemented here: {key.help}", key.default
+                if _same(key, raw, default):
+                    raw = default
+            else:
+                continue
+            if raw != default:
+                raise ConfigError(
+                    f"[{section}] {name}={raw!r}: {why}; remove it (or set the Go default, "
+                    f"{default!r})"
+                )
+            found.append(f"[{section}] {name}")
     return tuple(found)
+
+
+def _same(key: Key, raw: str, default: str) -> bool:
+    """Whether two spellings of a value mean the same ("true" and "yes", "0" and "00")."""
+    try:
+        return key.parse(raw) == key.parse(default)
+    except (ValueError, TypeError):
+        return False
 
 
 def _parse(parser: configparser.ConfigParser, section: str, key: Key) -> Any:
@@ -1178,12 +1225,13 @@ TEMPLATE_HEADER = """\
 #   WEBHOOK_BROKER__<SECTION>__<KEY>, underscores standing for dashes, e.g.
 #   WEBHOOK_BROKER__RDBMS__CONNECTION_URL=postgresql://broker:secret@db:5432/broker
 # A bad value stops the broker at start with the section, key and reason.
-# Keys shown commented out are the Go original's, not implemented yet: they are accepted (and
-# checked), have no effect, and setting one logs a warning at start.
+# Keys shown commented out are the Go original's that have no effect here: set to their Go
+# default they are accepted with a warning at start; set to anything else they stop the start,
+# saying why.
 # Generated from app/config.py: python -m app.config > webhook-broker.cfg.template
 """
 
-NOT_IMPLEMENTED_NOTE = "Not implemented yet: no effect."
+NOT_IMPLEMENTED_NOTE = "Not implemented: only its Go default is accepted."
 
 TEMPLATE_FOOTER = """\
 # Seeds, applied on every start (created or updated, never deleted). Uncomment to use.
@@ -1233,10 +1281,11 @@ def render_template() -> str:
                 lines += [*_comment(f"{key.help} {NOT_IMPLEMENTED_NOTE}")]
                 lines.append(f"# {key.name}={key.default}")
         lines.append("")
-    ignored = ", ".join(f"[{name}]" for name in sorted(IGNORED_SECTIONS))
-    lines += _comment(
-        f"The Go original's {ignored} sections are accepted too; their keys have no effect yet."
-    )
+    for name, (why, _defaults) in sorted(IGNORED_SECTIONS.items()):
+        lines += _comment(
+            f"The Go original's [{name}] section: its keys are accepted at their Go defaults "
+            f"only; {why}."
+        )
     lines += ["", TEMPLATE_FOOTER]
     return "\n".join(lines)
 

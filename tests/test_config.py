@@ -432,20 +432,50 @@ def test_not_implemented_keys_are_reported_only_when_set() -> None:
 
 def test_not_implemented_keys_set_by_environment_or_ignored_section() -> None:
     cfg = load_config_text(
-        "[scheduler]\nscheduler-interval-ms=5000\n[broker]\nmax-retry=3\n",
-        environ={"WEBHOOK_BROKER__LOG__MAX_BACKUPS": "7"},
+        "[scheduler]\nscheduler-interval-ms=5000\n[broker]\nmax-retry=3\n"
+        "[prune]\nmessage-retention-days=0\n",
+        environ={"WEBHOOK_BROKER__LOG__MAX_BACKUPS": "3"},
     )
-    assert cfg.ignored_keys == ("[scheduler] scheduler-interval-ms", "[log] max-backups")
+    assert cfg.ignored_keys == (
+        "[scheduler] scheduler-interval-ms",
+        "[prune] message-retention-days",
+        "[log] max-backups",
+    )
     assert cfg.broker.max_retry == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "words"),
+    [
+        ("", {"WEBHOOK_BROKER__LOG__MAX_BACKUPS": "7"}, ["[log] max-backups='7'", "'3'"]),
+        ("[http]\nread-timeout=60\n", {}, ["[http] read-timeout='60'", "not implemented"]),
+        ("[broker]\npriority-dispatcher-enabled=false\n", {}, ["priority-dispatcher-enabled"]),
+        ("[prune]\nmessage-retention-days=30\n", {}, ["[prune]", "pipeline archive"]),
+        ("[dlq]\nsummary-update-interval-seconds=60\n", {}, ["[dlq]", "summary"]),
+        ("[prune]\nretention=3\n", {}, ["[prune] retention: unknown key"]),
+    ],
+)
+def test_a_setting_that_would_be_ignored_stops_the_start(
+    text: str, environ: dict[str, str], words: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config_text(text, environ=environ)
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_another_spelling_of_the_go_default_is_the_default() -> None:
+    cfg = load_config_text("[broker]\npriority-dispatcher-enabled=yes\n[log]\nmax-backups=03\n")
+    assert cfg.ignored_keys == ("[broker] priority-dispatcher-enabled", "[log] max-backups")
 
 
 def test_start_warns_once_naming_each_not_implemented_key(
     layers: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     layers["explicit"].write_text(
-        "[log]\nmax-backups=5\n[broker]\npriority-dispatcher-enabled=false\nmax-retry=2\n"
+        "[log]\nmax-backups=3\n[broker]\npriority-dispatcher-enabled=true\nmax-retry=2\n"
     )
-    monkeypatch.setenv("WEBHOOK_BROKER__RDBMS__CONNXN_MAX_IDLE_TIME_SECONDS", "60")
+    monkeypatch.setenv("WEBHOOK_BROKER__RDBMS__CONNXN_MAX_IDLE_TIME_SECONDS", "0")
     # Only the start-up path is under test: keep caplog's handler, skip the migration.
     monkeypatch.setattr(cli, "setup_logging", lambda config: None)
     monkeypatch.setattr(cli, "migrate", lambda config: None)
