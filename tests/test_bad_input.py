@@ -5,7 +5,8 @@ JSON strings and form fields, malformed JSON. Each must be a 4xx whose JSON body
 
 The routes are read from the app itself, so a new route is covered as soon as it exists: its path
 parameters, headers and query parameters come from FastAPI's dependency tree. A route that reads
-its body by hand (a `Request` parameter) must say here how (JSON_BODIES or RAW_BODIES), or the
+its body by hand (a `Request` parameter) must say here how (JSON_BODIES, RAW_BODIES or
+HAND_FORMS), or the
 classification test fails. Requests carry valid credentials for a channel, a producer and a pull
 consumer with a job, so everything but the one bad value gets past authentication to the part
 that touches the database.
@@ -17,6 +18,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -39,6 +41,7 @@ CHANNEL, CHANNEL_TOKEN = "c1", "channel-token"
 PRODUCER, PRODUCER_TOKEN = "p1", "producer-token"
 CONSUMER, CONSUMER_TOKEN = "k1", "consumer-token"
 MESSAGE = "m1"
+SCHEDULED = "s1"  # a message scheduled an hour ahead, for the scheduled-message routes
 ADMIN_TOKEN = "admin-secret"
 EXTRA_CONFIG = f"[http]\nadmin-token={ADMIN_TOKEN}\n"
 
@@ -55,6 +58,11 @@ PATH_VALUES: dict[str, str] = {
     "producer_id": PRODUCER,
     "message_id": MESSAGE,
     "job_id": JOB_ID,
+}
+
+# Routes about scheduled messages name the fixture's scheduled one.
+ROUTE_PATH_VALUES: dict[str, dict[str, str]] = {
+    "get_scheduled_message": {"message_id": SCHEDULED},
 }
 
 # Valid values for every header any route reads; each request carries all of them.
@@ -227,6 +235,17 @@ MALFORMED_JSON: dict[str, bytes] = {
 
 # Routes whose Request parameter is the raw payload (no JSON): their bad bodies.
 RAW_BODIES: dict[str, dict[str, bytes]] = {"broadcast": {"empty": b""}}
+# Routes that read an optional form by hand (the Go original's `requeue=<consumer token>`):
+# the valid request carries no form, each case sends one of these with the form content type.
+HAND_FORMS: dict[str, dict[str, bytes]] = {
+    "requeue_all_dead": {
+        "requeue:nul": b"requeue=a%00b",
+        "requeue:long": b"requeue=" + b"x" * 10_000,
+        "requeue:wrong": b"requeue=not-the-token",
+        "requeue:missing": b"",
+        "malformed": b"requeue=%zz&&=&requeue",
+    }
+}
 # Headers those routes read by hand.
 RAW_HEADERS: dict[str, tuple[str, ...]] = {
     "broadcast": (
@@ -400,6 +419,9 @@ def _route_cases(route: Route) -> list[Case]:
             cases.append(Case(route, "json:empty", content=b""))
     for label, raw in RAW_BODIES.get(route.name, {}).items():
         cases.append(Case(route, f"body:{label}", content=raw))
+    for label, raw in HAND_FORMS.get(route.name, {}).items():
+        form_type = {"Content-Type": "application/x-www-form-urlencoded"}
+        cases.append(Case(route, f"form:{label}", content=raw, headers=form_type))
     if route.form:
         for name in FORM_FIELDS[route.name]:
             for label, value in FORM_VALUES[name]:
@@ -472,6 +494,18 @@ async def _populate(client: httpx.AsyncClient) -> int:
         headers={**BASE_HEADERS, "Content-Type": "text/plain", "X-Broker-Message-ID": MESSAGE},
     )
     assert r.status_code == 201, r.text
+    due = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = await client.post(
+        f"/channel/{CHANNEL}/broadcast",
+        content=b"later",
+        headers={
+            **BASE_HEADERS,
+            "Content-Type": "text/plain",
+            "X-Broker-Message-ID": SCHEDULED,
+            "X-Broker-Scheduled-For": due,
+        },
+    )
+    assert r.status_code == 201, r.text
     r = await client.get(f"/channel/{CHANNEL}/message/{MESSAGE}")
     assert r.status_code == 200, r.text
     jobs = r.json()["Jobs"]
@@ -507,6 +541,7 @@ async def send(world: World, case: Case) -> httpx.Response:
     """The valid request of the case's route, with the case's one bad value in it."""
     route = case.route
     values = {name: PATH_VALUES.get(name, "x") for name in route.path_params}
+    values.update(ROUTE_PATH_VALUES.get(route.name, {}))
     values = {k: str(world.job_id) if v == JOB_ID else v for k, v in values.items()}
     headers = httpx.Headers(BASE_HEADERS)
     if "If-Unmodified-Since" in route.headers:
@@ -569,8 +604,8 @@ def test_every_route_is_covered() -> None:
     assert {"pull", "ack", "ack_many", "broadcast", "put_consumer"} <= names
     for route in ROUTES:
         if route.reads_request:
-            assert route.name in JSON_BODIES or route.name in RAW_BODIES, (
-                f"{route} reads its body by hand: add it to JSON_BODIES or RAW_BODIES"
+            assert any(route.name in way for way in (JSON_BODIES, RAW_BODIES, HAND_FORMS)), (
+                f"{route} reads its body by hand: add it to JSON_BODIES, RAW_BODIES or HAND_FORMS"
             )
         if route.form:
             assert route.name in FORMS, f"{route} takes a form: add it to FORMS"

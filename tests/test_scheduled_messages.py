@@ -10,9 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from app.client import Broker
 from app.config import load_config_text
-from tests.client.conftest import BrokerProcess
+from tests.client.conftest import BrokerProcess, Setup, channel_with_consumer
+
+
+def publisher(made: Setup) -> dict[str, str]:
+    """The headers a publisher of the test's channel sends."""
+    return {
+        "X-Broker-Channel-Token": "orders-token",
+        "X-Broker-Producer-ID": "shop",
+        "X-Broker-Producer-Token": str(made.broker.producer_token),
+    }
 
 
 def rfc3339(moment: datetime) -> str:
@@ -31,38 +39,30 @@ def process(rdbms: str, tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 async def test_a_scheduled_message_falls_due_at_its_time(process: BrokerProcess) -> None:
-    async with Broker(process.url, producer_id="shop") as broker:
-        await broker.put_channel("orders", token="orders-token")
-        broker.producer_token = (await broker.put_producer("shop"))["Token"]
-        await broker.put_consumer("orders", "billing", token="billing-token")
-        billing = broker.consumer("orders", "billing", consumer_token="billing-token")
-        headers = {
-            "X-Broker-Channel-Token": "orders-token",
-            "X-Broker-Producer-ID": "shop",
-            "X-Broker-Producer-Token": str(broker.producer_token),
-            "X-Broker-Message-ID": "later",
-        }
+    async with channel_with_consumer(process, {}) as made:
+        broker, billing, orders = made.broker, made.consumer, made.channel
+        headers = {**publisher(made), "X-Broker-Message-ID": "later"}
         due = datetime.now(UTC) + timedelta(seconds=3)
         r = await broker.http.post(
-            "/channel/orders/broadcast",
+            f"/channel/{orders}/broadcast",
             content=b"in three seconds",
             headers={**headers, "X-Broker-Scheduled-For": rfc3339(due)},
         )
         assert r.status_code == 201, r.text
-        assert r.headers["Location"] == "/channel/orders/scheduled-message/later"
+        assert r.headers["Location"] == f"/channel/{orders}/scheduled-message/later"
         scheduled = (await broker.http.get(r.headers["Location"])).json()
         assert scheduled["status"] == "SCHEDULED" and scheduled["dispatchedAt"] is None
         assert scheduled["messageId"] == "later" and scheduled["payload"] == "in three seconds"
         assert abs(datetime.fromisoformat(scheduled["dispatchSchedule"]) - due) < timedelta(
             milliseconds=1
         )
-        message = (await broker.http.get("/channel/orders/message/later")).json()
+        message = (await broker.http.get(f"/channel/{orders}/message/later")).json()
         assert message["ScheduledFor"] is not None
         assert [j["Status"] for j in message["Jobs"]] == ["QUEUED"]
         # Not claimable, nor listed among the queued jobs, before its time.
         assert await billing.fetch(5, no_wait=True) == []
         listed = await broker.http.get(
-            "/channel/orders/consumer/billing/queued-jobs", headers=billing.headers
+            f"/channel/{orders}/consumer/billing/queued-jobs", headers=billing.headers
         )
         assert listed.json()["Result"] == []
         # A pull waiting for it gets it within a second after its time.
@@ -71,11 +71,13 @@ async def test_a_scheduled_message_falls_due_at_its_time(process: BrokerProcess)
         assert job is not None and job.text == "in three seconds"
         assert timedelta(0) <= arrived - due < timedelta(seconds=1), arrived - due
         await job.ack()
-        scheduled = (await broker.http.get("/channel/orders/scheduled-message/later")).json()
+        scheduled = (await broker.http.get(f"/channel/{orders}/scheduled-message/later")).json()
         assert scheduled["status"] == "DISPATCHED" and scheduled["dispatchedAt"]
         # A message published at once is no scheduled message.
-        await broker.publish("orders", "now", message_id="now")
-        assert (await broker.http.get("/channel/orders/scheduled-message/now")).status_code == 404
+        await broker.publish(orders, "now", message_id="now")
+        assert (
+            await broker.http.get(f"/channel/{orders}/scheduled-message/now")
+        ).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -89,23 +91,17 @@ async def test_a_scheduled_message_falls_due_at_its_time(process: BrokerProcess)
 async def test_a_bad_schedule_is_refused(
     process: BrokerProcess, value: str, status: int, text: str
 ) -> None:
-    async with Broker(process.url, producer_id="shop") as broker:
-        await broker.put_channel("orders", token="orders-token")
-        producer_token = (await broker.put_producer("shop"))["Token"]
+    async with channel_with_consumer(process, {}) as made:
+        broker, orders = made.broker, made.channel
         r = await broker.http.post(
-            "/channel/orders/broadcast",
+            f"/channel/{orders}/broadcast",
             content=b"x",
-            headers={
-                "X-Broker-Channel-Token": "orders-token",
-                "X-Broker-Producer-ID": "shop",
-                "X-Broker-Producer-Token": producer_token,
-                "X-Broker-Scheduled-For": value,
-            },
+            headers={**publisher(made), "X-Broker-Scheduled-For": value},
         )
         assert r.status_code == status and text in r.json()["detail"], r.text
         # credentials come first, as in the Go original
         r = await broker.http.post(
-            "/channel/orders/broadcast",
+            f"/channel/{orders}/broadcast",
             content=b"x",
             headers={"X-Broker-Channel-Token": "wrong", "X-Broker-Scheduled-For": value},
         )
@@ -117,20 +113,13 @@ def test_the_default_minimum_delay_is_two_minutes() -> None:
 
 
 async def test_list_and_cancel_scheduled_messages(process: BrokerProcess) -> None:
-    async with Broker(process.url, producer_id="shop") as broker:
-        await broker.put_channel("orders", token="orders-token")
-        broker.producer_token = (await broker.put_producer("shop"))["Token"]
-        await broker.put_consumer("orders", "billing", token="billing-token")
-        billing = broker.consumer("orders", "billing", consumer_token="billing-token")
-        credentials = {
-            "X-Broker-Channel-Token": "orders-token",
-            "X-Broker-Producer-ID": "shop",
-            "X-Broker-Producer-Token": str(broker.producer_token),
-        }
+    async with channel_with_consumer(process, {}) as made:
+        broker, billing, orders = made.broker, made.consumer, made.channel
+        credentials = publisher(made)
         soon = datetime.now(UTC) + timedelta(seconds=2)
         for message_id, at in (("far", soon + timedelta(hours=1)), ("soon", soon)):
             r = await broker.http.post(
-                "/channel/orders/broadcast",
+                f"/channel/{orders}/broadcast",
                 content=message_id.encode(),
                 headers={
                     **credentials,
@@ -139,27 +128,27 @@ async def test_list_and_cancel_scheduled_messages(process: BrokerProcess) -> Non
                 },
             )
             assert r.status_code == 201, r.text
-        await broker.publish("orders", "now", message_id="now")
+        await broker.publish(orders, "now", message_id="now")
 
         async def listed(query: str = "") -> list[str]:
-            r = await broker.http.get(f"/channel/orders/scheduled-messages{query}")
+            r = await broker.http.get(f"/channel/{orders}/scheduled-messages{query}")
             assert r.status_code == 200, r.text
             return sorted(url.rsplit("/", 1)[1] for url in r.json()["result"])
 
         assert await listed() == ["far", "soon"]
-        counts = (await broker.http.get("/channel/orders/messages-status")).json()["Counts"]
+        counts = (await broker.http.get(f"/channel/{orders}/messages-status")).json()["Counts"]
         assert (counts["QUEUED"]["Count"], counts["SCHEDULED"]["Count"]) == (3, 2)
         assert await listed("?status=SCHEDULED") == await listed("?status=100") == ["far", "soon"]
         assert await listed("?status=DISPATCHED") == []
-        bad = await broker.http.get("/channel/orders/scheduled-messages?status=LATER")
+        bad = await broker.http.get(f"/channel/{orders}/scheduled-messages?status=LATER")
         assert bad.status_code == 400
         assert (await broker.http.get("/channel/none/scheduled-messages")).status_code == 404
 
-        path = "/channel/orders/scheduled-message/"
+        path = f"/channel/{orders}/scheduled-message/"
         wrong = {**credentials, "X-Broker-Producer-Token": "wrong"}
         assert (await broker.http.delete(path + "far", headers=wrong)).status_code == 403
         assert (await broker.http.delete(path + "far", headers=credentials)).status_code == 204
-        assert (await broker.http.get("/channel/orders/message/far")).status_code == 404
+        assert (await broker.http.get(f"/channel/{orders}/message/far")).status_code == 404
         assert (await broker.http.delete(path + "far", headers=credentials)).status_code == 404
         assert (await broker.http.delete(path + "now", headers=credentials)).status_code == 404
         assert await listed() == ["soon"]
