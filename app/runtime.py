@@ -17,11 +17,13 @@ from app.services.admin import AdminService
 from app.services.advisories import Advisories
 from app.services.claiming import ClaimSource
 from app.services.health import HealthService
+from app.services.job_status import JobStatusQueries
 from app.services.messages import MessageQueries
 from app.services.pinning import PinService
 from app.services.publishing import PublishingService
 from app.services.pulling import PullService
 from app.services.push import PushService
+from app.services.redrives import RedriveService
 from app.services.scheduler import PullScheduler
 from app.services.seed_jobs import SeedJobService
 from app.services.seeding import apply_seed
@@ -30,6 +32,7 @@ from app.services.sweeping import SweepService
 from app.store.db import Database
 from app.store.listener import NotifyListener
 from app.store.queue import Queue
+from app.sweeper.redrives import RedriveRunner
 from app.sweeper.runner import Sweeper
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ class Runtime:
         )
         self.messages = MessageQueries(self.db)
         self.health = HealthService(self.db)
+        self.job_status = JobStatusQueries(self.db)
+        self.redrives = RedriveService(self.db)
         self.claims = ClaimSource(self.db, self.queue, ack_wait, self.advisories)
         # One scheduler for every waiting pull of the process: HTTP long polls and the NATS
         # bridge's requests share max_waiting and each consumer's claims.
@@ -119,6 +124,7 @@ class Runtime:
                 vacuum_min_dead_jobs=self.config.pull.vacuum_min_dead_jobs,
             )
             self._spawn(sweeper.run(self._stop), "sweeper")
+            self._spawn(RedriveRunner(self.redrives).run(self._stop), "redrives")
         if self.run_dispatcher:
             self._start_dispatcher()
 

@@ -42,6 +42,7 @@ PRODUCER, PRODUCER_TOKEN = "p1", "producer-token"
 CONSUMER, CONSUMER_TOKEN = "k1", "consumer-token"
 MESSAGE = "m1"
 SCHEDULED = "s1"  # a message scheduled an hour ahead, for the scheduled-message routes
+REDRIVE = "1"  # the fixture's redrive: the first of a fresh database
 ADMIN_TOKEN = "admin-secret"
 EXTRA_CONFIG = f"[http]\nadmin-token={ADMIN_TOKEN}\n"
 
@@ -58,6 +59,7 @@ PATH_VALUES: dict[str, str] = {
     "producer_id": PRODUCER,
     "message_id": MESSAGE,
     "job_id": JOB_ID,
+    "redrive_id": REDRIVE,
 }
 
 # Routes about scheduled messages name the fixture's scheduled one.
@@ -190,6 +192,25 @@ JSON_BODIES: dict[str, JsonBody] = {
             "reason-nul": {"type": "term", "reason": NUL},
             "reason-number": {"type": "term", "reason": 2**70},
             "nul-key": {"type": "ack", "\x00": 1},
+        },
+    ),
+    "start_redrive": JsonBody(
+        valid={"perSecond": 10},
+        empty_ok=True,
+        bad={
+            "from-nul": {"from": NUL},
+            "from-queued": {"from": "QUEUED"},
+            "rate-zero": {"perSecond": 0},
+            "rate-huge": {"perSecond": 10**30},
+            "rate-string": {"perSecond": "10"},
+            "since-nul": {"since": NUL},
+            "since-naive": {"since": "2026-01-01T00:00:00"},
+            "since-number": {"since": 10**30},
+            "since-after-until": {
+                "since": "2026-01-02T00:00:00Z",
+                "until": "2026-01-01T00:00:00Z",
+            },
+            "unknown-field": {"rate": 5},
         },
     ),
     "ack_many": JsonBody(
@@ -479,7 +500,8 @@ def _drop(backend: str, section: str, base: str | None) -> None:
 
 
 async def _populate(client: httpx.AsyncClient) -> int:
-    """A channel, a producer, a pull consumer and one message; returns the consumer's job id."""
+    """A channel, a producer, a pull consumer, one message, one scheduled message and a redrive;
+    returns the consumer's job id."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     for path, form in (
         (f"/channel/{CHANNEL}", FORMS["put_channel"]),
@@ -506,6 +528,10 @@ async def _populate(client: httpx.AsyncClient) -> int:
         },
     )
     assert r.status_code == 201, r.text
+    r = await client.post(
+        f"/channel/{CHANNEL}/consumer/{CONSUMER}/redrives", json={}, headers=BASE_HEADERS
+    )
+    assert r.status_code == 202 and r.json()["ID"] == REDRIVE, r.text
     r = await client.get(f"/channel/{CHANNEL}/message/{MESSAGE}")
     assert r.status_code == 200, r.text
     jobs = r.json()["Jobs"]

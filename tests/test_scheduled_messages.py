@@ -135,7 +135,20 @@ async def test_list_and_cancel_scheduled_messages(process: BrokerProcess) -> Non
             assert r.status_code == 200, r.text
             return sorted(url.rsplit("/", 1)[1] for url in r.json()["result"])
 
+        async def messages(query: str = "") -> list[str]:
+            r = await broker.http.get(f"/channel/{orders}/messages{query}")
+            assert r.status_code == 200, r.text
+            return sorted(url.rsplit("/", 1)[1] for url in r.json()["Result"])
+
         assert await listed() == ["far", "soon"]
+        # The Go original's message statuses: ACKNOWLEDGED (100) until dispatched (101).
+        assert await messages() == ["far", "now", "soon"]
+        assert await messages("?status=ACKNOWLEDGED") == await messages("?status=100")
+        assert await messages("?status=100") == ["far", "soon"]
+        assert await messages("?status=DISPATCHED") == await messages("?status=101") == ["now"]
+        assert await messages("?status=100&status=101") == ["far", "now", "soon"]
+        refused = await broker.http.get(f"/channel/{orders}/messages?status=SCHEDULED")
+        assert refused.status_code == 400 and "ACKNOWLEDGED" in refused.json()["detail"]
         counts = (await broker.http.get(f"/channel/{orders}/messages-status")).json()["Counts"]
         assert (counts["QUEUED"]["Count"], counts["SCHEDULED"]["Count"]) == (3, 2)
         assert await listed("?status=SCHEDULED") == await listed("?status=100") == ["far", "soon"]

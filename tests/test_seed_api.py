@@ -175,12 +175,13 @@ async def test_queued_jobs_shape(client: httpx.AsyncClient, k1: PullConsumer) ->
 async def test_queued_jobs_priority_first_then_oldest_first(
     client: httpx.AsyncClient, k1: PullConsumer
 ) -> None:
+    # A negative priority is taken as its absolute value, as the Go original does: -1 ranks as 1.
     order = [(0, "a"), (5, "b"), (0, "c"), (9, "d"), (5, "e"), (-1, "f"), (9, "g")]
     for priority, name in order:
         await publish(client, name, priority=priority, message_id=name)
     result = (await queued(client, k1))["Result"]
-    assert [j["Message"]["MessageID"] for j in result] == ["d", "g", "b", "e", "a", "c", "f"]
-    assert [j["Priority"] for j in result] == [9, 9, 5, 5, 0, 0, -1]
+    assert [j["Message"]["MessageID"] for j in result] == ["d", "g", "b", "e", "f", "a", "c"]
+    assert [j["Priority"] for j in result] == [9, 9, 5, 5, 1, 0, 0]
 
 
 async def test_queued_jobs_lists_only_due_queued_jobs(

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from app.api.errors import install_error_handlers
 from app.api.gateway import GatewayHmac
 from app.api.requests import RequestIds
-from app.api.routes import consumers, jobs, messages, pull, stakeholders, status
+from app.api.routes import consumers, jobs, messages, pull, redrives, stakeholders, status
 from app.config import Config
 from app.runtime import Runtime
 
@@ -38,7 +38,7 @@ def create_app(
     if runtime is not None:
         app.state.runtime = runtime
     install_error_handlers(app)
-    for module in (status, stakeholders, consumers, messages, jobs, pull):
+    for module in (status, stakeholders, consumers, messages, jobs, pull, redrives):
         app.include_router(module.router)
     if config.gateway_auth.enabled:
         app.add_middleware(GatewayHmac, config=config.gateway_auth)

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
-from app.domain.models import ClaimedJob, Consumer, Job, Message, Page, PulledJob, Stakeholder
+from app.domain.models import (
+    ClaimedJob,
+    Consumer,
+    DeadCount,
+    Job,
+    Message,
+    Page,
+    PulledJob,
+    Redrive,
+    Stakeholder,
+    StatusCount,
+)
 from app.domain.priority import PriorityPolicy
 from app.domain.pulls import PullEnd
 from app.services.pulling import ConsumerInfo
@@ -236,3 +248,54 @@ def stream_line(event: StreamEvent) -> bytes:
         if event.pin is not None:
             body["PinId"] = event.pin
     return orjson.dumps(body) + b"\n"
+
+
+# The Go original's job status numbers, given beside our names on /job-status.
+GO_JOB_STATUS = {"QUEUED": 1000, "INFLIGHT": 1001, "DELIVERED": 1002, "DEAD": 1003}
+
+
+def job_status(counts: Sequence[StatusCount]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The Go shape: channel id -> consumer id -> one entry per status."""
+    body: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for c in counts:
+        body.setdefault(c.channel_id, {}).setdefault(c.consumer_id, []).append(
+            {
+                "status": c.status,
+                "statusCode": GO_JOB_STATUS.get(c.status),
+                "count": c.count,
+                "oldestItemTimestamp": iso(c.oldest),
+                "newestItemTimestamp": iso(c.newest),
+            }
+        )
+    return body
+
+
+def dlq_status(counts: Sequence[DeadCount]) -> dict[str, Any]:
+    return {
+        "consumers": [
+            {
+                "channelId": c.channel_id,
+                "channelName": c.channel_name,
+                "consumerId": c.consumer_id,
+                "consumerName": c.consumer_name,
+                "deadCount": c.count,
+            }
+            for c in counts
+        ]
+    }
+
+
+def redrive(item: Redrive, path: str) -> dict[str, Any]:
+    return {
+        "ID": str(item.id),
+        "Status": item.status,
+        "From": item.from_status.value,
+        "Since": iso(item.changed_since),
+        "Until": iso(item.changed_until),
+        "PerSecond": item.per_second,
+        "Total": item.total,
+        "Moved": item.moved,
+        "CreatedAt": iso(item.created_at),
+        "FinishedAt": iso(item.finished_at),
+        "Links": {"self": path},
+    }

@@ -159,3 +159,46 @@ class StreamState:
     first_at: datetime | None
     last_at: datetime | None
     consumers: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCount:
+    channel_id: str
+    consumer_id: str
+    status: str
+    count: int
+    oldest: datetime | None  # created_at of the (consumer, status)'s first job by id
+    newest: datetime | None  # ... and of its last
+
+
+@dataclass(frozen=True, slots=True)
+class DeadCount:
+    channel_id: str
+    channel_name: str
+    consumer_id: str
+    consumer_name: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive:
+    """A background move of a consumer's DEAD (or DELIVERED) jobs back to QUEUED."""
+
+    id: int
+    consumer_pk: int
+    from_status: JobStatus
+    changed_since: datetime | None
+    changed_until: datetime | None
+    per_second: int
+    status: str  # RUNNING, COMPLETED, CANCELLED
+    total: int  # the matching jobs when it began
+    moved: int
+    cursor: int
+    upper_id: int
+    created_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def chunk(self) -> int:
+        """Jobs per step: a tenth of a second's worth (at most 1,000 per statement)."""
+        return max(1, min(1000, -(-self.per_second // 10)))

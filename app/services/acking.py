@@ -101,9 +101,7 @@ class AckService:
         return AckBatch(outcomes, dead)
 
     async def _consumer(self, tx: Tx, creds: ConsumerCredentials) -> Consumer:
-        return await pull_consumer(
-            tx, creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
-        )
+        return await pull_consumer(tx, creds)
 
     async def _apply(
         self, tx: Tx, consumer: Consumer, items: Sequence[AckItem]

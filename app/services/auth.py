@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from app.domain.errors import Forbidden, NotFound, PreconditionFailed, Unauthenticated
 from app.domain.models import Consumer, ConsumerType
+from app.domain.pulls import ConsumerCredentials
 from app.store.db import Tx
 from app.store.stakeholders import check_consumer_tokens, check_producer_tokens
 
 
 async def pull_consumer(
-    tx: Tx,
-    channel_id: str,
-    channel_token: str | None,
-    consumer_id: str,
-    consumer_token: str | None,
-    *,
-    require_pull: bool = True,
+    tx: Tx, creds: ConsumerCredentials, *, require_pull: bool = True
 ) -> Consumer:
     """404 channel, 403 channel token, 401 unknown consumer, 403 consumer token, 412 push.
 
     Job reads and the dead-letter queue serve push consumers too (require_pull=False).
     """
-    found = await check_consumer_tokens(tx, channel_id, channel_token, consumer_id, consumer_token)
+    channel_id, consumer_id = creds.channel_id, creds.consumer_id
+    found = await check_consumer_tokens(
+        tx, channel_id, creds.channel_token, consumer_id, creds.consumer_token
+    )
     if found is None:
         raise NotFound(f"channel {channel_id!r} not found")
     if not found.channel_token_ok:

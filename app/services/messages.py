@@ -8,6 +8,7 @@ from app.domain.errors import Conflict, NotFound
 from app.domain.models import Cursor, Job, Message, Page
 from app.services.auth import publishing_producer
 from app.store.db import Database
+from app.store.job_counts import JobCountStore
 from app.store.jobs import JobStore
 from app.store.messages import MessageStore
 from app.store.stakeholders import ConsumerStore, channels
@@ -19,18 +20,16 @@ class MessageQueries:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def list(self, channel_id: str, cursor: Cursor) -> Page[Message]:
+    async def list(
+        self, channel_id: str, cursor: Cursor, *, scheduled_only: bool = False, due: bool | None
+    ) -> Page[Message]:
+        """The channel's messages, or its scheduled ones; `due`: see MessageStore.list."""
         async with self._db.transaction() as tx:
             if await channels(tx).get(channel_id) is None:
                 raise NotFound(f"channel {channel_id!r} not found")
-            return await MessageStore(tx).list(channel_id, cursor, PAGE_SIZE)
-
-    async def scheduled(self, channel_id: str, cursor: Cursor, which: str) -> Page[Message]:
-        """The channel's scheduled messages: "any", "waiting" for their time, "dispatched"."""
-        async with self._db.transaction() as tx:
-            if await channels(tx).get(channel_id) is None:
-                raise NotFound(f"channel {channel_id!r} not found")
-            return await MessageStore(tx).list(channel_id, cursor, PAGE_SIZE, scheduled=which)
+            return await MessageStore(tx).list(
+                channel_id, cursor, PAGE_SIZE, scheduled_only=scheduled_only, due=due
+            )
 
     async def cancel_scheduled(
         self,
@@ -66,4 +65,7 @@ class MessageQueries:
         async with self._db.transaction() as tx:
             if await channels(tx).get(channel_id) is None:
                 raise NotFound(f"channel {channel_id!r} not found")
-            return await MessageStore(tx).job_counts(channel_id)
+            counts = await JobCountStore(tx).for_channel(channel_id)
+            # SCHEDULED: those of the QUEUED ones whose scheduled message is yet to come.
+            counts["SCHEDULED"] = await MessageStore(tx).scheduled_job_count(channel_id)
+            return counts

@@ -40,9 +40,7 @@ class PinService:
     async def unpin_as(self, creds: ConsumerCredentials, group: str) -> bool:
         """An unpin over HTTP, with the consumer's credentials."""
         async with self._db.transaction() as tx:
-            consumer = await pull_consumer(
-                tx, creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
-            )
+            consumer = await pull_consumer(tx, creds)
         return await self.unpin(consumer, group)
 
     async def expire(self) -> list[tuple[int, str]]:

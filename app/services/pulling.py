@@ -128,9 +128,7 @@ class PullService:
 
     async def authenticate(self, creds: ConsumerCredentials) -> Consumer:
         async with self._db.transaction() as tx:
-            return await pull_consumer(
-                tx, creds.channel_id, creds.channel_token, creds.consumer_id, creds.consumer_token
-            )
+            return await pull_consumer(tx, creds)
 
     async def stream(self, creds: ConsumerCredentials, request: PullRequest) -> PullStream:
         """A streaming pull, waiting in the scheduler until batch, max_bytes or expires is

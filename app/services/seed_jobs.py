@@ -25,14 +25,7 @@ class SeedJobService:
         self, tx: Tx, creds: ConsumerCredentials, *, any_type: bool = False
     ) -> Consumer:
         # Job reads and the dead-letter queue serve push consumers too.
-        return await pull_consumer(
-            tx,
-            creds.channel_id,
-            creds.channel_token,
-            creds.consumer_id,
-            creds.consumer_token,
-            require_pull=not any_type,
-        )
+        return await pull_consumer(tx, creds, require_pull=not any_type)
 
     async def queued_jobs(
         self, creds: ConsumerCredentials, limit: int, cursor: Cursor

@@ -73,6 +73,31 @@ def status_in(*statuses: str) -> ColumnElement[bool]:
     return or_(*(status_is(s) for s in statuses))
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedJobs:
+    """Which DEAD or DELIVERED jobs of a consumer: by the time they reached that status, by id
+    range (a redrive's position and the highest id when it began), at most `limit`."""
+
+    status: str
+    changed_since: datetime | None = None
+    changed_until: datetime | None = None
+    after_id: int = 0
+    up_to_id: int | None = None
+    limit: int | None = None
+
+    def where(self) -> list[ColumnElement[bool]]:
+        where = [status_is(self.status)]
+        if self.after_id:
+            where.append(job.c.id > self.after_id)
+        if self.up_to_id is not None:
+            where.append(job.c.id <= self.up_to_id)
+        if self.changed_since is not None:
+            where.append(job.c.status_changed_at >= self.changed_since)
+        if self.changed_until is not None:
+            where.append(job.c.status_changed_at < self.changed_until)
+        return where
+
+
 def job_from_row(row: Row[Any]) -> Job:
     return Job(
         id=row.id,
@@ -443,9 +468,19 @@ class JobStore:
 
     async def requeue_dead(self, consumer_pk: int, job_id: int | None = None) -> list[Job]:
         """DEAD -> QUEUED with a fresh retry budget (one job, or the consumer's whole DLQ)."""
-        where = [job.c.consumer_pk == consumer_pk, status_is(DEAD)]
+        return await self.requeue_finished(consumer_pk, FinishedJobs(DEAD), job_id=job_id)
+
+    async def requeue_finished(
+        self, consumer_pk: int, which: FinishedJobs, *, job_id: int | None = None
+    ) -> list[Job]:
+        """DEAD (or DELIVERED, to replay) -> QUEUED with a fresh retry budget: one job, all of
+        them, or a redrive's chunk (the first `limit` by id after `after_id`)."""
+        where = [job.c.consumer_pk == consumer_pk, *which.where()]
         if job_id is not None:
             where.append(job.c.id == job_id)
+        if which.limit is not None:
+            chunk = select(job.c.id).where(*where).order_by(job.c.id).limit(which.limit)
+            where = [job.c.id.in_(chunk.scalar_subquery()), status_is(which.status)]
         return await self._transition(
             where,
             {
@@ -455,6 +490,10 @@ class JobStore:
                 "dead_reason": None,
             },
         )
+
+    async def count_finished(self, consumer_pk: int, which: FinishedJobs) -> int:
+        query = select(func.count()).where(job.c.consumer_pk == consumer_pk, *which.where())
+        return int((await self._tx.conn.execute(query)).scalar_one())
 
     async def delete_dead(self, consumer_pk: int, job_id: int) -> bool:
         result = await self._tx.conn.execute(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, func, insert, literal, select
+from sqlalchemy import Row, delete, func, insert, literal, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import Conflict, InvalidInput
@@ -134,46 +134,45 @@ class MessageStore:
         return bool(result.rowcount)
 
     async def list(
-        self, channel_id: str, cursor: Cursor, limit: int, *, scheduled: str | None = None
+        self,
+        channel_id: str,
+        cursor: Cursor,
+        limit: int,
+        *,
+        scheduled_only: bool = False,
+        due: bool | None = None,
     ) -> Page[Message]:
-        """A channel's messages; `scheduled`: only the scheduled ones, "any", or those whose
-        time has not come ("waiting") or has ("dispatched")."""
+        """A channel's messages (or only its scheduled ones); `due`: only those whose jobs are
+        due (True: not scheduled, or their time has come) or not yet (False)."""
         for given in (cursor.next, cursor.previous):
             # Drivers refuse integers beyond BIGINT (a 500); a forged cursor is a 400.
             if given is not None and not 0 <= decode_int_cursor(given) < 2**63:
                 raise InvalidInput("malformed pagination cursor")
         base = select(message).where(message.c.channel_id == channel_id)
-        if scheduled is not None:
+        if scheduled_only:
             base = base.where(message.c.scheduled_for.is_not(None))
-            due = message.c.scheduled_for <= now(self._tx.dialect)
-            if scheduled == "waiting":
-                base = base.where(~due)
-            elif scheduled == "dispatched":
-                base = base.where(due)
+        waiting = message.c.scheduled_for > now(self._tx.dialect)
+        if due is False:
+            base = base.where(message.c.scheduled_for.is_not(None), waiting)
+        elif due is True:
+            base = base.where(or_(message.c.scheduled_for.is_(None), ~waiting))
         rows = (
             await self._tx.conn.execute(paginate(base, message.c.pk, cursor, limit, True))
         ).all()
         items, next_cursor, previous_cursor = page_bounds(rows, cursor, limit, "pk")
         return Page([message_from_row(row) for row in items], next_cursor, previous_cursor)
 
-    async def job_counts(self, channel_id: str) -> dict[str, int]:
-        """Jobs of the channel's messages by status."""
-        query = (
-            select(job.c.status, func.count())
-            .select_from(job.join(message, job.c.message_pk == message.c.pk))
-            .where(message.c.channel_id == channel_id)
-            .group_by(job.c.status)
-        )
-        counts = {status: int(count) for status, count in await self._tx.conn.execute(query)}
-        # Of the queued ones, those of scheduled messages whose time has not come.
+    async def scheduled_job_count(self, channel_id: str) -> int:
+        """Jobs of the channel's scheduled messages whose time has not come (ix_message_scheduled
+        finds those messages: no scan of the channel's others)."""
         waiting = (
             select(func.count())
-            .select_from(job.join(message, job.c.message_pk == message.c.pk))
+            .select_from(message.join(job, job.c.message_pk == message.c.pk))
             .where(
                 message.c.channel_id == channel_id,
+                message.c.scheduled_for.is_not(None),
                 message.c.scheduled_for > now(self._tx.dialect),
                 job.c.status == "QUEUED",
             )
         )
-        counts["SCHEDULED"] = int((await self._tx.conn.execute(waiting)).scalar_one())
-        return counts
+        return int((await self._tx.conn.execute(waiting)).scalar_one())

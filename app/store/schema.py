@@ -113,6 +113,14 @@ message = Table(
     # The per-channel message id is the producer's idempotency key.
     UniqueConstraint("channel_id", "message_id"),
     Index("ix_message_channel_id_pk", "channel_id", "pk"),
+    # Scheduled messages only (few): their listing and the SCHEDULED count.
+    Index(
+        "ix_message_scheduled",
+        "channel_id",
+        "scheduled_for",
+        postgresql_where=text("scheduled_for IS NOT NULL"),
+        sqlite_where=text("scheduled_for IS NOT NULL"),
+    ),
 )
 
 job = Table(
@@ -149,6 +157,51 @@ job = Table(
     # Per-consumer listings by status (DLQ, in-flight counts) and a message's jobs.
     Index("ix_job_consumer_status", "consumer_pk", "status", "id"),
     Index("ix_job_message_pk", "message_pk"),
+)
+
+# Jobs per (consumer, status): +1 / -1 added by triggers on job in the statement that inserts,
+# moves or deletes a job (migration 0006_job_counts, where the why is), summed over `shard`.
+# No foreign key: a consumer's deletion cascades to its jobs, whose triggers net its rows to 0.
+job_count = Table(
+    "job_count",
+    metadata,
+    Column("consumer_pk", BigInteger(), primary_key=True),
+    Column("status", String(16), primary_key=True),
+    Column("shard", Integer(), primary_key=True),
+    Column("n", BigInteger(), nullable=False),
+)
+
+# A redrive moves a consumer's DEAD (or DELIVERED, to replay) jobs back to QUEUED in the
+# background, a chunk at a time at `per_second` (app/services/redrives.py). `cursor` is the last
+# job id moved; jobs above `upper_id` (made after the redrive began) are not its business.
+redrive = Table(
+    "redrive",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column(
+        "consumer_pk", BigInteger(), ForeignKey("consumer.pk", ondelete="CASCADE"), nullable=False
+    ),
+    Column("from_status", String(16), nullable=False),
+    Column("changed_since", Timestamp(), nullable=True),
+    Column("changed_until", Timestamp(), nullable=True),
+    Column("per_second", Integer(), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("total", BigInteger(), nullable=False),
+    Column("moved", BigInteger(), nullable=False, server_default="0"),
+    Column("cursor", BigInteger(), nullable=False, server_default="0"),
+    Column("upper_id", BigInteger(), nullable=False),
+    Column("next_chunk_at", Timestamp(), nullable=False),
+    Column("created_at", Timestamp(), nullable=False),
+    Column("finished_at", Timestamp(), nullable=True),
+    CheckConstraint("status IN ('RUNNING', 'COMPLETED', 'CANCELLED')", name="status"),
+    Index("ix_redrive_consumer_pk_id", "consumer_pk", "id"),
+    # The runner's look-up: running ones, soonest chunk first.
+    Index(
+        "ix_redrive_due",
+        "next_chunk_at",
+        postgresql_where=text("status = 'RUNNING'"),
+        sqlite_where=text("status = 'RUNNING'"),
+    ),
 )
 
 # Claim path: one range scan over a consumer's queued jobs in delivery order (priority

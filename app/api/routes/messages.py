@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from app.api import views
 from app.api.deps import CursorDep, RuntimeDep
@@ -45,23 +45,34 @@ async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Respon
     return Response(status_code=201, headers={"Location": location})
 
 
-# The Go original's status filter: its names, or its numbers (100, 101).
-SCHEDULE_FILTER = {
-    "SCHEDULED": "waiting",
-    "100": "waiting",
-    "DISPATCHED": "dispatched",
-    "101": "dispatched",
-}
+# The Go original's status filters, its names or its numbers, to `due` (MessageStore.list). A
+# message's jobs are made as it is stored, so a Go message is never ACKNOWLEDGED here for
+# longer than its transaction: what stays "acknowledged, not dispatched" is a scheduled message
+# whose time has not come.
+SCHEDULE_FILTER = {"SCHEDULED": False, "100": False, "DISPATCHED": True, "101": True}
+MESSAGE_FILTER = {"ACKNOWLEDGED": False, "100": False, "DISPATCHED": True, "101": True}
+
+
+StatusQuery = Annotated[list[str] | None, Query()]
+
+
+def status_filter(given: list[str] | None, known: dict[str, bool]) -> bool | None:
+    """`status` may be repeated (Go reads every one); None when it does not narrow."""
+    wanted = set()
+    for raw in given or []:
+        if raw.upper() not in known:
+            names = " or ".join(k for k in known if not k.isdigit())
+            raise InvalidInput(f"status must be {names} (or the Go numbers 100, 101)")
+        wanted.add(known[raw.upper()])
+    return wanted.pop() if len(wanted) == 1 else None
 
 
 @router.get("/channel/{channel_id}/scheduled-messages")
 async def list_scheduled_messages(
-    channel_id: str, rt: RuntimeDep, cursor: CursorDep, status: str | None = None
+    channel_id: str, rt: RuntimeDep, cursor: CursorDep, status: StatusQuery = None
 ) -> JSONResponse:
-    which = "any" if not status else SCHEDULE_FILTER.get(status.upper())
-    if which is None:
-        raise InvalidInput("status must be SCHEDULED or DISPATCHED")
-    page = await rt.messages.scheduled(channel_id, cursor, which)
+    due = status_filter(status, SCHEDULE_FILTER)
+    page = await rt.messages.list(channel_id, cursor, scheduled_only=True, due=due)
     urls = [views.scheduled_message_path(channel_id, m.message_id) for m in page.items]
     path = f"/channel/{views.segment(channel_id)}/scheduled-messages"
     listed = views.url_list(path, urls, page)
@@ -93,8 +104,11 @@ async def get_scheduled_message(channel_id: str, message_id: str, rt: RuntimeDep
 
 
 @router.get("/channel/{channel_id}/messages")
-async def list_messages(channel_id: str, rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
-    page = await rt.messages.list(channel_id, cursor)
+async def list_messages(
+    channel_id: str, rt: RuntimeDep, cursor: CursorDep, status: StatusQuery = None
+) -> JSONResponse:
+    """The channel's messages, newest first; `status` as the Go original's (repeatable)."""
+    page = await rt.messages.list(channel_id, cursor, due=status_filter(status, MESSAGE_FILTER))
     urls = [views.message_path(channel_id, item.message_id) for item in page.items]
     path = f"/channel/{views.segment(channel_id)}/messages"
     return JSONResponse(views.url_list(path, urls, page))
