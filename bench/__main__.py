@@ -34,6 +34,7 @@ SCENARIOS = (
     "wakeup",
     "consume",
     "idle",
+    "idle-scheduled",
     "jetstream",
     "bridge",
     "bridge-hybrid",
@@ -201,6 +202,9 @@ async def run(settings: Settings) -> int:
         for name, step in steps:
             if name == "pairs":
                 if not any(settings.wants(x) for x in ("pull-batch", "pull-each", "publish")):
+                    continue
+            elif name == "idle":
+                if not any(settings.wants(x) for x in ("idle", "idle-scheduled")):
                     continue
             elif name == "nats":
                 if not any(settings.wants(x) for x in ("jetstream", "bridge", "bridge-hybrid")):

@@ -237,6 +237,16 @@ def targets(runner: Runner) -> list[Target]:
                 check(due <= 10 if s.idle_pollers >= 100 else None),
             )
         )
+    if len(idle) > 1 and idle[1].status == "ok" and idle[0].status == "ok":
+        plain, waiting = (m.extra["statements_per_s"] for m in idle[:2])
+        out.append(
+            Target(
+                idle[1].name.split(" (")[0],
+                "no more statements/s than without them (+1/s)",
+                f"{waiting:.1f}/s, {plain:.1f}/s without",
+                check(waiting <= plain + 1),
+            )
+        )
     small = _find(runner, "claim latency, " + f"{s.small_backlog:,}")
     large = _find(runner, "claim latency, " + f"{s.large_backlog:,}")
     if small and large:

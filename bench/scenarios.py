@@ -21,6 +21,7 @@ from typing import Any
 from bench import db, profile, redelivery
 from bench.broker import PRODUCER, PUB_CONSUMERS, PUSH_CONSUMER, bridge_available, token
 from bench.env import DBNAME, Env, Measured, wait_port
+from bench.http1 import Connection
 from bench.pg import free_port
 from bench.pgbench import JOBS_COUNTED_BY, jobs_per_script, run_pgbench, script_defines
 from bench.procs import CpuMeter, Service
@@ -58,6 +59,7 @@ PAIRS = {
     "publish": "publish",
 }
 STATUS_ACTIVE_HEAD = 12
+IDLE_SCHEDULED = 1000  # scheduled messages in the idle-scheduled scenario
 
 
 def redelivery_name(who: str) -> str:
@@ -613,7 +615,46 @@ class Runner:
             m.notes.append(f"client errors: {result['errors'][:3]}")
         return self.keep(m)
 
-    async def idle(self) -> Measured:
+    async def idle(self) -> None:
+        """The idle long-pollers, then the same with 1,000 scheduled messages waiting for their
+        time (hours ahead): a scheduled job is a job not yet due, so it must cost nothing while
+        it waits (no polling scheduler, no early wake-ups)."""
+        plain = await self._idle(scheduled=0)
+        if not self.s.wants("idle-scheduled"):
+            return
+        await self._schedule(IDLE_SCHEDULED)
+        with_scheduled = await self._idle(scheduled=IDLE_SCHEDULED)
+        base = plain.extra["statements_per_s"]
+        with_scheduled.extra["ratio_to_idle"] = (
+            round(with_scheduled.extra["statements_per_s"] / base, 3) if base else None
+        )
+
+    async def _schedule(self, count: int) -> None:
+        """`count` messages on the idle channel, due 1 to 24 hours from now, over HTTP."""
+        spec = self.env.producer_spec("idlech")
+        headers = {
+            "X-Broker-Channel-Token": spec["channel_token"],
+            "X-Broker-Producer-ID": spec["producer"],
+            "X-Broker-Producer-Token": spec["producer_token"],
+            "Content-Type": "application/json",
+        }
+        now = await db.clock(self.env.conn)
+        conn = Connection(self.env.api_ports[0])
+        try:
+            for n in range(count):
+                due = now + timedelta(hours=1) + timedelta(hours=23) * n / count
+                response = await conn.request(
+                    "POST",
+                    "/channel/idlech/broadcast",
+                    body=b'{"later": true}',
+                    headers={**headers, "X-Broker-Scheduled-For": due.isoformat()},
+                )
+                if response.status != 201:
+                    raise RuntimeError(f"scheduled publish: {response.status}")
+        finally:
+            await conn.close()
+
+    async def _idle(self, *, scheduled: int) -> Measured:
         s, env = self.s, self.env
         quiet = max(2.0, s.duration / 2)
         await db.statements_reset(env.conn)
@@ -631,8 +672,9 @@ class Runner:
         result, window, statements = await env.run_loadgen(spec, meter, within=s.duration + 120)
         calls = sum(st["calls"] for st in statements)
         per_second = calls / window.seconds if window.seconds else 0.0
+        waiting = f", {scheduled:,} scheduled messages waiting" if scheduled else ""
         m = Measured(
-            f"{s.idle_pollers} idle long-pollers (database statements/s)",
+            f"{s.idle_pollers} idle long-pollers{waiting} (database statements/s)",
             "ours",
             jobs=0,
             seconds=window.seconds,

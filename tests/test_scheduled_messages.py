@@ -4,6 +4,8 @@ within a second after it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 
 from app.config import load_config_text
 from tests.client.conftest import BrokerProcess, Setup, channel_with_consumer
+from tests.receiver import running_receiver
 
 
 def publisher(made: Setup) -> dict[str, str]:
@@ -78,6 +81,29 @@ async def test_a_scheduled_message_falls_due_at_its_time(process: BrokerProcess)
         assert (
             await broker.http.get(f"/channel/{orders}/scheduled-message/now")
         ).status_code == 404
+
+
+async def test_a_scheduled_message_is_pushed_at_its_time(process: BrokerProcess) -> None:
+    with running_receiver() as receiver:
+        async with channel_with_consumer(process, {}) as made:
+            broker, orders = made.broker, made.channel
+            await broker.put_consumer(
+                orders, "hook", token="hook-token", type="push", callback_url=receiver.url + "/h"
+            )
+            headers = {**publisher(made), "X-Broker-Message-ID": "pushed-later"}
+            due = datetime.now(UTC) + timedelta(seconds=3)
+            due_monotonic = time.monotonic() + (due - datetime.now(UTC)).total_seconds()
+            r = await broker.http.post(
+                f"/channel/{orders}/broadcast",
+                content=b"push me at three",
+                headers={**headers, "X-Broker-Scheduled-For": rfc3339(due)},
+            )
+            assert r.status_code == 201, r.text
+            while time.monotonic() < due_monotonic + 1.5 and not receiver.count("/h"):
+                await asyncio.sleep(0.02)
+            assert [r.body for r in receiver.requests] == [b"push me at three"]
+            late = receiver.requests[0].at - due_monotonic
+            assert 0 <= late < 1, late  # not before its time, within a second after
 
 
 @pytest.mark.parametrize(
