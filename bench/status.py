@@ -56,7 +56,7 @@ def status_case() -> str:
     """The state of job of message number g (SQL), by MIX."""
     arms, low = [], 0
     for status, share in MIX:
-        arms.append(f"WHEN g % 100 < {low + share} THEN '{status}'")
+        arms.append(f"WHEN mod(g, 100) < {low + share} THEN '{status}'")
         low += share
     return f"CASE {' '.join(arms)} ELSE 'DELIVERED' END"
 
@@ -154,7 +154,9 @@ def main() -> None:
         url = cluster.url("status_bench")
         config_text = (
             f"[rdbms]\ndialect=postgres\nconnection-url={url}\n"
-            "[seed-channels]\nbench=bench-token\n[seed-producers]\nbp=bp-token\n"
+            "[log]\nlog-level=warning\n"
+            "[initial-channels]\nbench=bench\n[initial-channel-tokens]\nbench=bench-token\n"
+            "[initial-producers]\nbp=bp\n[initial-producer-tokens]\nbp=bp-token\n"
         )
         upgrade(load_config_text(config_text).database)
         # Stakeholders through the broker's own seeding: one start of the runtime.
