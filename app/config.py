@@ -411,6 +411,47 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "push",
+        (
+            Key(
+                "max-in-flight",
+                "100",
+                _positive_int,
+                "Deliveries in flight at once to one consumer, per dispatcher, unless the "
+                "consumer's maxInFlight says otherwise (halved on 429/503, grown back by one per "
+                "success).",
+            ),
+            Key(
+                "retry-after-max-seconds",
+                "3600",
+                _positive_int,
+                "Longest delay a receiver's Retry-After (on 429 or 503) may ask for.",
+            ),
+            Key(
+                "breaker-failures",
+                "5",
+                _positive_int,
+                "Consecutive failed deliveries that open a consumer's circuit breaker.",
+            ),
+            Key(
+                "breaker-cooldown",
+                "30",
+                _positive_int,
+                "Seconds an open breaker waits before one probe delivery (doubled each time "
+                "it opens again, up to 32 times).",
+                attr="breaker_cooldown_seconds",
+            ),
+            Key(
+                "signing-secret-overlap",
+                "86400",
+                _positive_int,
+                "Seconds a replaced signing secret still signs beside the new one (a PUT's "
+                "signingSecretOverlap overrides it).",
+                attr="signing_secret_overlap_seconds",
+            ),
+        ),
+    ),
+    Section(
         "pull",
         (
             Key(
@@ -742,6 +783,15 @@ class ConsumerConnectionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PushConfig:
+    max_in_flight: int = 100
+    retry_after_max_seconds: int = 3600
+    breaker_failures: int = 5
+    breaker_cooldown_seconds: int = 30
+    signing_secret_overlap_seconds: int = 86_400
+
+
+@dataclass(frozen=True, slots=True)
 class PullConfig:
     max_batch: int
     max_stream_batch: int
@@ -848,6 +898,7 @@ class Config:
     consumer_connection: ConsumerConnectionConfig
     pull: PullConfig
     pipeline: PipelineConfig
+    push: PushConfig = field(default_factory=PushConfig)
     nats: NatsConfig = field(default_factory=lambda: NatsConfig())
     gateway_auth: GatewayAuthConfig = field(default_factory=GatewayAuthConfig)
     min_schedule_delay_minutes: int = 2
@@ -1020,6 +1071,7 @@ def _build(parser: configparser.ConfigParser) -> Config:
         broker=_fill(BrokerConfig, values["broker"]),
         consumer_connection=_fill(ConsumerConnectionConfig, values["consumer-connection"]),
         pull=_fill(PullConfig, values["pull"]),
+        push=_fill(PushConfig, values["push"]),
         pipeline=_fill(PipelineConfig, values["pipeline"]),
         nats=dataclasses.replace(_nats(values["nats"]), configured=parser.has_section("nats")),
         gateway_auth=_gateway_auth(values["gateway-auth"]),

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from app.bridge.advisories import advisory_link
 from app.config import Config
-from app.dispatch.dispatcher import Dispatcher, close_quietly, http_client
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.http import Poster
 from app.domain.pulls import PullLimits
 from app.services.acking import AckService
 from app.services.admin import AdminService
@@ -22,7 +23,7 @@ from app.services.messages import MessageQueries
 from app.services.pinning import PinService
 from app.services.publishing import PublishingService
 from app.services.pulling import PullService
-from app.services.push import PushService
+from app.services.push import BreakerSettings, PushService
 from app.services.redrives import RedriveService
 from app.services.scheduler import PullScheduler
 from app.services.seed_jobs import SeedJobService
@@ -59,7 +60,7 @@ class Runtime:
         self.db = Database.from_config(config.database, waker=self.signals)
         self.queue = Queue(self.db)
         ack_wait = config.default_ack_wait_seconds
-        self.admin = AdminService(self.db)
+        self.admin = AdminService(self.db, config.push.signing_secret_overlap_seconds)
         # JetStream advisories: published once a NATS publisher is attached (see start()).
         self.advisories = Advisories()
         self.pins = PinService(self.db, self.advisories)
@@ -101,7 +102,13 @@ class Runtime:
         self.sweeps = SweepService(
             self.db, config.broker.retry_policy, config.pull.sweep_batch_size, self.advisories
         )
-        self.push = PushService(self.db, self.queue, config.broker.retry_policy, ack_wait)
+        self.push = PushService(
+            self.db,
+            self.queue,
+            config.broker.retry_policy,
+            ack_wait,
+            BreakerSettings(config.push.breaker_failures, config.push.breaker_cooldown_seconds),
+        )
         self.listener: NotifyListener | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -131,13 +138,15 @@ class Runtime:
     def _start_dispatcher(self) -> None:
         broker = self.config.broker
         connection = self.config.consumer_connection
-        client = http_client(connection.connection_timeout_seconds, broker.max_workers)
-        self._closers.append(lambda: close_quietly(client))
+        poster = Poster(connection.connection_timeout_seconds, broker.max_workers)
+        self._closers.append(poster.close)
         dispatcher = Dispatcher(
             self.push,
             self.signals,
-            client,
+            poster,
             max_workers=broker.max_workers,
+            max_in_flight=self.config.push.max_in_flight,
+            retry_after_max=self.config.push.retry_after_max_seconds,
             idle_seconds=broker.rational_delay_seconds,
             token_header=connection.token_header_name,
             user_agent=connection.user_agent,

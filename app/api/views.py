@@ -11,13 +11,16 @@ from urllib.parse import quote
 import orjson
 
 from app.domain.models import (
+    Breaker,
     ClaimedJob,
     Consumer,
+    ConsumerType,
     DeadCount,
     Job,
     Message,
     Page,
     PulledJob,
+    PushState,
     Redrive,
     Stakeholder,
     StatusCount,
@@ -65,7 +68,14 @@ def consumer_path(channel_id: str, consumer_id: str) -> str:
     return f"/channel/{segment(channel_id)}/consumer/{segment(consumer_id)}"
 
 
-def consumer(item: Consumer, *, default_ack_wait: int, with_token: bool = False) -> dict[str, Any]:
+def consumer(
+    item: Consumer,
+    *,
+    default_ack_wait: int,
+    default_max_in_flight: int = 0,
+    state: PushState | None = None,
+    with_token: bool = False,
+) -> dict[str, Any]:
     body = stakeholder(
         Stakeholder(item.id, item.name, item.token, item.created_at, item.updated_at),
         with_token=with_token,
@@ -86,7 +96,27 @@ def consumer(item: Consumer, *, default_ack_wait: int, with_token: bool = False)
             ),
         }
     )
+    if item.type is ConsumerType.PUSH:
+        body.update(push_fields(item, default_max_in_flight, state or PushState()))
+        if with_token:
+            body["SigningSecret"] = item.push.signing_secret
     return body
+
+
+def push_fields(item: Consumer, default_max_in_flight: int, state: PushState) -> dict[str, Any]:
+    return {
+        "MaxInFlight": item.push.max_in_flight or default_max_in_flight,
+        "RateLimit": item.push.rate_limit,
+        "SigningSecretRotatedUntil": iso(item.push.previous_secret_until),
+        "Enabled": state.disabled_at is None,
+        "DisabledAt": iso(state.disabled_at),
+        "DisabledReason": state.disabled_reason,
+        "Breaker": {
+            "State": state.breaker.value,
+            "ConsecutiveFailures": state.failures,
+            "OpenUntil": iso(state.open_until) if state.breaker is not Breaker.CLOSED else None,
+        },
+    }
 
 
 def payload_fields(payload: bytes) -> dict[str, Any]:

@@ -3,40 +3,45 @@
 Nothing lives only in memory: a job is leased in the database before it is sent, and its
 outcome is recorded with one fenced, conditional update. A crash mid-delivery leaves the job
 INFLIGHT until its lease expires; then the sweeper requeues it and it is delivered again.
+
+Each round reads the push consumers with their state (disabled, breaker) and claims for each
+in turn, starting one further along each round, up to what its lane allows (app/dispatch/flow):
+a slow or dead endpoint holds at most its own window, never the whole dispatcher's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import hmac
 import logging
 import time
 import uuid
 from datetime import UTC, datetime
 
-import httpx
-
-from app.services.push import PushJob, PushService
+from app.dispatch.flow import Lane, retry_after_seconds
+from app.dispatch.http import Answer, Poster
+from app.domain.models import Breaker, Consumer
+from app.domain.signing import broker_signature, secrets_in_force, standard_signatures
+from app.services.push import PushJob, PushService, PushTarget
 from app.services.signals import ANY_CONSUMER, Signals
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Broker-Signature"
 CLAIM_CHUNK = 32
+PUSHED_BACK = (429, 503)
 
 
-def sign(token: str, timestamp: int, body: bytes) -> str:
-    """`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed by the consumer token>`."""
-    digest = hmac.new(token.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={digest.hexdigest()}"
+def webhook_id(job: PushJob) -> str:
+    """Stable across the retries of one job: receivers deduplicate on it."""
+    return f"job_{job.job.id}"
 
 
 def delivery_headers(
     job: PushJob, *, token_header: str, user_agent: str, now: float | None = None
 ) -> dict[str, str]:
     message = job.job
+    push = job.consumer.push
+    timestamp = int(now or time.time())
     headers = dict(message.headers)
     headers.update(
         {
@@ -49,9 +54,22 @@ def delivery_headers(
             "User-Agent": user_agent,
             "X-Request-ID": uuid.uuid4().hex,
             "X-Broker-Delivery-Attempt": str(job.job.attempt),
-            SIGNATURE_HEADER: sign(job.consumer.token, int(now or time.time()), message.payload),
+            SIGNATURE_HEADER: broker_signature(job.consumer.token, timestamp, message.payload),
         }
     )
+    in_force = secrets_in_force(
+        push.signing_secret,
+        push.previous_signing_secret,
+        push.previous_secret_until,
+        datetime.fromtimestamp(timestamp, UTC),
+    )
+    if in_force:
+        identity = webhook_id(job)
+        headers["webhook-id"] = identity
+        headers["webhook-timestamp"] = str(timestamp)
+        headers["webhook-signature"] = standard_signatures(
+            in_force, identity, timestamp, message.payload
+        )
     if message.headers:
         headers["X-Broker-Metadata-Headers"] = ",".join(message.headers)
     return headers
@@ -64,22 +82,29 @@ class Dispatcher:
         self,
         push: PushService,
         signals: Signals,
-        http: httpx.AsyncClient,
+        poster: Poster,
         *,
         max_workers: int,
+        max_in_flight: int,
+        retry_after_max: int,
         idle_seconds: float,
         token_header: str,
         user_agent: str,
     ) -> None:
         self._push = push
         self._signals = signals
-        self._http = http
+        self._poster = poster
         self._max_workers = max_workers
+        self._max_in_flight = max_in_flight
+        self._retry_after_max = retry_after_max
         self._idle = idle_seconds
         self._token_header = token_header
         self._user_agent = user_agent
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
+        self._lanes: dict[int, Lane] = {}
+        self._breakers: dict[int, Breaker] = {}  # as last seen here, to log each change once
+        self._turn = 0
         # 2xx answers not yet recorded: one task records all that arrived meanwhile in one
         # transaction (a transaction per job cost more CPU than the POST).
         self._answered: list[PushJob] = []
@@ -105,27 +130,82 @@ class Dispatcher:
         finally:
             recorder.cancel()
 
+    def _lane(self, consumer: Consumer, now: float) -> Lane:
+        limit = consumer.push.max_in_flight or self._max_in_flight
+        lane = self._lanes.get(consumer.pk)
+        if lane is None:
+            lane = self._lanes[consumer.pk] = Lane(limit)
+        lane.configure(limit, consumer.push.rate_limit, now)
+        return lane
+
     async def dispatch_once(self) -> float:
-        """Claim into every free worker slot; returns how long to wait before the next claim."""
+        """Claim into free worker slots, consumer by consumer; returns how long to wait before
+        the next round."""
         self._slot_freed.clear()
         free = self._max_workers - len(self._tasks)
         if free <= 0:
             return self._idle
-        # Claim in chunks: a lease starts at the claim, so claiming hundreds at once would let
-        # the last of them wait out much of their lease before their request even starts.
-        limit = min(free, CLAIM_CHUNK)
-        claim = await self._push.claim(limit)
-        for job in claim.jobs:
-            task = asyncio.create_task(self._deliver(job), name=f"push-{job.job.id}")
+        targets = await self._push.targets()
+        if not targets:
+            return self._idle
+        self._turn = (self._turn + 1) % len(targets)
+        order = targets[self._turn :] + targets[: self._turn]
+        now, wall = time.monotonic(), datetime.now(UTC)
+        wait = self._idle
+        short: list[Consumer] = []
+        more = False
+        for target in order:
+            if free <= 0:
+                more = True
+                break
+            consumer, state = target.consumer, target.state
+            lane = self._lane(consumer, now)
+            self._note_breaker(target)
+            if state.disabled_at is not None:
+                continue
+            if state.breaker is not Breaker.CLOSED:
+                if state.open_until is not None and state.open_until > wall:
+                    wait = min(wait, (state.open_until - wall).total_seconds())
+                    continue
+                if lane.in_flight == 0 and await self._push.start_probe(consumer):
+                    log.info("push breaker of %s/%s: probing", consumer.channel_id, consumer.id)
+                    free -= self._start(lane, await self._push.claim(consumer, 1))
+                continue
+            allowance = min(lane.allowance(now), free, CLAIM_CHUNK)
+            if allowance <= 0:
+                token_in = lane.until_token()
+                if token_in is not None:
+                    wait = min(wait, token_in)
+                continue
+            jobs = await self._push.claim(consumer, allowance)
+            free -= self._start(lane, jobs)
+            if len(jobs) == allowance:
+                more = True
+            else:
+                short.append(consumer)
+        if more:
+            # More may be due: claim again at once, or, with every slot busy, when one frees.
+            return 0.0 if free > 0 else self._idle
+        if short:
+            next_due = await self._push.next_due(short)
+            if next_due is not None:
+                wait = min(wait, (next_due - datetime.now(UTC)).total_seconds())
+        return max(0.01, wait)
+
+    def _start(self, lane: Lane, jobs: list[PushJob]) -> int:
+        lane.started(len(jobs))
+        for job in jobs:
+            task = asyncio.create_task(self._deliver(job, lane), name=f"push-{job.job.id}")
             self._tasks.add(task)
             task.add_done_callback(self._finished)
-        if len(claim.jobs) == limit:
-            # More may be due: claim again at once, or, with every slot busy, when one frees.
-            return 0.0 if limit < free else self._idle
-        if claim.next_due_at is None:
-            return self._idle
-        until_due = (claim.next_due_at - datetime.now(UTC)).total_seconds()
-        return max(0.01, min(self._idle, until_due))
+        return len(jobs)
+
+    def _note_breaker(self, target: PushTarget) -> None:
+        pk, now_state = target.consumer.pk, target.state.breaker
+        if self._breakers.get(pk, Breaker.CLOSED) is not now_state:
+            c = target.consumer
+            log.warning("push breaker of %s/%s is now %s", c.channel_id, c.id, now_state.value)
+        self._breakers[pk] = now_state
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -156,56 +236,66 @@ class Dispatcher:
             if not answered:
                 continue
             try:
-                await self._push.delivered(answered)
+                closed = await self._push.delivered(answered)
             except Exception:
                 # Their leases are still in the database: the sweeper requeues them.
                 log.exception("recording %d delivered jobs failed", len(answered))
+                continue
+            for job in answered:
+                if job.consumer.pk in closed:
+                    c = job.consumer
+                    log.warning("push breaker of %s/%s is now closed", c.channel_id, c.id)
+                    self._breakers[c.pk] = Breaker.CLOSED
+                    closed.remove(c.pk)
 
-    async def _deliver(self, job: PushJob) -> None:
-        message = job.job
+    async def _deliver(self, job: PushJob, lane: Lane) -> None:
         headers = delivery_headers(
             job, token_header=self._token_header, user_agent=self._user_agent
         )
-        error: str | None = None
         try:
-            response = await self._http.post(
-                job.consumer.callback_url, content=message.payload, headers=headers
-            )
-            if not 200 <= response.status_code < 300:
-                error = f"HTTP {response.status_code}"
-        except httpx.TimeoutException:
-            error = "timed out"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if error is None:
-            self._answered.append(job)
-            self._answered_more.set()
-            return
+            answer = await self._poster.post(job.consumer.callback_url, job.job.payload, headers)
+        finally:
+            lane.ended()
         try:
-            status = await self._push.failed(job, error)
-            log.info("push of job %s failed (%s); now %s", job.job.id, error, status)
+            await self._outcome(job, lane, answer)
         except Exception:
             # The lease is still in the database: the sweeper will retry this job.
             log.exception("recording the outcome of job %s failed", job.job.id)
 
-
-# httpcore scans its whole pool on every request; a few dozen kept-alive connections serve
-# a busy receiver as well as hundreds, at a fraction of the CPU.
-MAX_KEEPALIVE = 32
-
-
-def http_client(timeout_seconds: float, max_workers: int) -> httpx.AsyncClient:
-    """Pooled client; redirects are not followed (a 3xx is a failed delivery)."""
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout_seconds),
-        follow_redirects=False,
-        limits=httpx.Limits(
-            max_connections=max_workers,
-            max_keepalive_connections=min(max_workers, MAX_KEEPALIVE),
-        ),
-    )
-
-
-async def close_quietly(client: httpx.AsyncClient) -> None:
-    with contextlib.suppress(Exception):
-        await client.aclose()
+    async def _outcome(self, job: PushJob, lane: Lane, answer: Answer) -> None:
+        status = answer.status
+        if status is not None and 200 <= status < 300:
+            lane.succeeded()
+            self._answered.append(job)
+            self._answered_more.set()
+            return
+        if status in PUSHED_BACK:
+            lane.pushed_back()
+            delay = retry_after_seconds(answer.retry_after)
+            if delay is not None:
+                delay = min(delay, float(self._retry_after_max))
+                await self._push.deferred(job, delay, f"HTTP {status}, Retry-After {delay:g} s")
+                return
+        if status == 410:
+            if await self._push.gone(job, "HTTP 410 Gone from the callback"):
+                c = job.consumer
+                log.warning("push to %s/%s disabled: HTTP 410 Gone", c.channel_id, c.id)
+            return
+        if status is None:
+            lane.pushed_back()  # no answer at all: a struggling endpoint gets fewer at once
+        error = answer.error or f"HTTP {status}"
+        moved, state = await self._push.failed(job, error)
+        log.info("push of job %s failed (%s); now %s", job.job.id, error, moved)
+        if (
+            state.breaker is Breaker.OPEN
+            and self._breakers.get(job.consumer.pk) is not Breaker.OPEN
+        ):
+            c = job.consumer
+            log.warning(
+                "push breaker of %s/%s is now open until %s after %d failures",
+                c.channel_id,
+                c.id,
+                state.open_until,
+                state.failures,
+            )
+            self._breakers[c.pk] = Breaker.OPEN

@@ -39,6 +39,35 @@ class Stakeholder:
 
 
 @dataclass(frozen=True, slots=True)
+class PushSettings:
+    """A push consumer's signing secrets and limits (None: the config's default)."""
+
+    signing_secret: str | None = None
+    previous_signing_secret: str | None = None
+    previous_secret_until: datetime | None = None
+    max_in_flight: int | None = None
+    rate_limit: float | None = None  # deliveries per second
+
+
+class Breaker(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"  # no deliveries until open_until
+    HALF_OPEN = "half_open"  # one probe delivery decides
+
+
+@dataclass(frozen=True, slots=True)
+class PushState:
+    """What the dispatchers learned of a push consumer's endpoint."""
+
+    disabled_at: datetime | None = None
+    disabled_reason: str | None = None
+    breaker: Breaker = Breaker.CLOSED
+    failures: int = 0  # consecutive
+    trips: int = 0  # times opened since it last closed
+    open_until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Consumer:
     pk: int
     id: str
@@ -52,6 +81,7 @@ class Consumer:
     created_at: datetime
     updated_at: datetime
     priority: PrioritySettings = NO_PRIORITY
+    push: PushSettings = field(default_factory=lambda: PushSettings())
 
     def ack_wait(self, default: int) -> int:
         """Seconds a claim leases a job for: the consumer's own ack wait, or the broker's."""

@@ -4,19 +4,32 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from urllib.parse import urlparse
 
+from app.domain.callbacks import blocked_address, literal_host
 from app.domain.errors import InvalidInput, NotFound, PreconditionFailed
-from app.domain.models import MAX_FIELD_LENGTH, Consumer, ConsumerType, Cursor, Page, Stakeholder
+from app.domain.models import (
+    MAX_FIELD_LENGTH,
+    Consumer,
+    ConsumerType,
+    Cursor,
+    Page,
+    PushSettings,
+    PushState,
+    Stakeholder,
+)
 from app.domain.priority import NO_PRIORITY, PrioritySettings, parse_policy, priority_settings
+from app.domain.signing import new_signing_secret, parse_signing_secret
 from app.store.db import Database, Tx
+from app.store.push_state import PushStateStore
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
 
 PAGE_SIZE = 25
 # ackWait and maxAckPending are 32-bit INTEGER columns.
 MAX_INTEGER = 2**31 - 1
+MAX_RATE = 1_000_000.0  # deliveries per second
 
 
 def http_date(moment: datetime) -> str:
@@ -60,6 +73,12 @@ class ConsumerForm:
     priority_groups: str | None = None  # comma-separated (one group; more are refused)
     priority_policy: str | None = None
     priority_timeout: str | None = None
+    # push: limits, the Standard Webhooks secret ("rotate" makes a new one), re-enabling
+    max_in_flight: str | None = None
+    rate_limit: str | None = None
+    signing_secret: str | None = None
+    signing_secret_overlap: str | None = None
+    enabled: str | None = None
 
 
 def is_absolute_url(url: str) -> bool:
@@ -88,6 +107,53 @@ def _optional_positive(name: str, raw: str | None) -> int | None:
     return value
 
 
+def _optional_rate(raw: str | None) -> float | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_RATE:  # NaN fails this too
+        raise InvalidInput(f"rateLimit must be a number of deliveries per second up to {MAX_RATE}")
+    return value
+
+
+def push_values(
+    form: ConsumerForm, existing: PushSettings | None, default_overlap: int, now: datetime
+) -> dict[str, str | int | float | datetime | None]:
+    """The consumer columns of its push settings. A secret is made for a new consumer and kept
+    on a PUT that does not name one; a new one (given, or "rotate") keeps the old one valid,
+    and signed beside it, for the overlap."""
+    kept = existing or PushSettings()
+    values: dict[str, str | int | float | datetime | None] = {
+        "max_in_flight": _optional_positive("maxInFlight", form.max_in_flight),
+        "rate_limit": _optional_rate(form.rate_limit),
+    }
+    overlap = _optional_positive("signingSecretOverlap", form.signing_secret_overlap)
+    raw = (form.signing_secret or "").strip()
+    if not raw:
+        values["signing_secret"] = kept.signing_secret or new_signing_secret()
+        return values
+    secret = new_signing_secret() if raw == "rotate" else parse_signing_secret(raw)
+    values["signing_secret"] = secret
+    if kept.signing_secret is not None and kept.signing_secret != secret:
+        values["previous_signing_secret"] = kept.signing_secret
+        seconds = default_overlap if overlap is None else overlap
+        values["previous_secret_until"] = now + timedelta(seconds=seconds)
+    return values
+
+
+def parse_enabled(raw: str | None) -> bool | None:
+    if raw is None or raw == "":
+        return None
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise InvalidInput("enabled must be true or false")
+
+
 def priority_values(
     form: ConsumerForm, consumer_type: ConsumerType, existing: PrioritySettings | None
 ) -> dict[str, str | int | None]:
@@ -113,8 +179,9 @@ def priority_values(
 
 
 class AdminService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, default_signing_overlap: int = 86_400) -> None:
         self._db = db
+        self._overlap = default_signing_overlap
 
     async def put_stakeholder(
         self,
@@ -162,9 +229,13 @@ class AdminService:
         url = check_text("callbackUrl", (form.callback_url or "").strip(), limit=None)
         if url and not is_absolute_url(url):
             raise InvalidInput("callbackUrl must be an absolute http(s) URL")
+        host = literal_host(urlparse(url).hostname or "") if url else None
+        if host is not None and blocked_address(host):
+            raise InvalidInput("callbackUrl must not point at a link-local (metadata) address")
+        enabled = parse_enabled(form.enabled)
         if consumer_type is ConsumerType.PUSH and not url:
             raise InvalidInput("a push consumer needs an absolute callbackUrl")
-        values: dict[str, datetime | str | int | None] = {
+        values: dict[str, datetime | str | int | float | None] = {
             "name": check_text("name", form.name or consumer_id),
             "token": check_text("token", form.token or new_token()),
             "callback_url": url,
@@ -181,9 +252,16 @@ class AdminService:
             values |= priority_values(
                 form, consumer_type, existing.priority if existing is not None else None
             )
+            values |= push_values(
+                form, existing.push if existing else None, self._overlap, utcnow()
+            )
             if existing is not None:
                 check_unmodified_since(existing.updated_at, if_unmodified_since)
                 updated = await store.update(existing.pk, values)
+                if enabled is True:
+                    await PushStateStore(tx).enable(updated.pk)
+                elif enabled is False:
+                    await PushStateStore(tx).disable(updated.pk, "disabled by a PUT")
                 # Queued jobs may now be claimable by a different kind of worker.
                 tx.announce([updated.pk])
                 return updated
@@ -197,7 +275,16 @@ class AdminService:
             )
             if created is None:
                 raise PreconditionFailed(f"consumer {consumer_id!r} was created by another request")
+            if enabled is False:
+                await PushStateStore(tx).disable(created.pk, "disabled by a PUT")
             return created
+
+    async def push_state(self, item: Consumer) -> PushState | None:
+        """What the dispatchers learned of a push consumer's endpoint (None: a pull one)."""
+        if item.type is not ConsumerType.PUSH:
+            return None
+        async with self._db.transaction() as tx:
+            return (await PushStateStore(tx).of([item.pk])).get(item.pk, PushState())
 
     async def get_consumer(self, channel_id: str, consumer_id: str) -> Consumer:
         async with self._db.transaction() as tx:

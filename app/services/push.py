@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.domain.jobs import JobStatus, RetryPolicy
-from app.domain.models import Consumer, PulledJob
+from app.domain.models import Consumer, ConsumerType, PulledJob, PushState
 from app.store.db import Database
 from app.store.jobs import JobStore
+from app.store.push_state import PushStateStore
 from app.store.queue import Named, Queue
 from app.store.stakeholders import ConsumerStore
 
@@ -24,53 +25,73 @@ class PushJob:
 
 
 @dataclass(frozen=True, slots=True)
-class PushClaim:
-    jobs: list[PushJob]
-    next_due_at: datetime | None
+class PushTarget:
+    """A push consumer as a dispatcher sees it at the start of a round."""
+
+    consumer: Consumer
+    state: PushState
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    failures: int
+    cooldown_seconds: int
 
 
 class PushService:
-    def __init__(self, db: Database, queue: Queue, policy: RetryPolicy, lease_seconds: int) -> None:
+    def __init__(
+        self,
+        db: Database,
+        queue: Queue,
+        policy: RetryPolicy,
+        lease_seconds: int,
+        breaker: BreakerSettings | None = None,
+    ) -> None:
         self._db = db
         self._queue = queue
         self._policy = policy
         self._lease = lease_seconds
+        self._breaker = breaker or BreakerSettings(5, 30)
 
-    async def claim(self, limit: int) -> PushClaim:
-        """Lease up to `limit` due jobs across all push consumers, highest priority first."""
+    async def targets(self) -> list[PushTarget]:
+        """Every push consumer with what the dispatchers learned of its endpoint."""
         async with self._db.transaction() as tx:
-            consumers = {c.pk: c for c in await ConsumerStore(tx).push_consumers()}
-        if not consumers:
-            return PushClaim([], None)
-        claimed = await self._queue.claim(
-            Named.push(list(consumers)), limit=limit, default_ack_wait=self._lease
-        )
-        next_due = None
-        if len(claimed.jobs) < limit:
-            async with self._db.transaction() as tx:
-                next_due = await JobStore(tx).next_due(list(consumers))
-        jobs = [
-            PushJob(job, consumers[job.consumer_pk])
-            for job in claimed.jobs
-            if job.consumer_pk in consumers
-        ]
-        return PushClaim(jobs, next_due)
+            consumers = await ConsumerStore(tx).push_consumers()
+            states = await PushStateStore(tx).of([c.pk for c in consumers])
+        return [PushTarget(c, states.get(c.pk, PushState())) for c in consumers]
 
-    async def delivered(self, jobs: Sequence[PushJob]) -> int:
-        """Record 2xx answers, one transaction for all; returns how many jobs moved. A job
-        whose lease was lost meanwhile (swept, now another delivery's) is left alone."""
+    async def start_probe(self, consumer: Consumer) -> bool:
+        """This dispatcher sends the one probe of an open breaker whose cool-down passed."""
+        async with self._db.transaction() as tx:
+            return await PushStateStore(tx).start_probe(consumer.pk, self._lease)
+
+    async def claim(self, consumer: Consumer, limit: int) -> list[PushJob]:
+        """Lease up to `limit` due jobs of one push consumer, highest priority first."""
+        claimed = await self._queue.claim(
+            Named(consumer.pk, type=ConsumerType.PUSH), limit=limit, default_ack_wait=self._lease
+        )
+        return [PushJob(job, consumer) for job in claimed.jobs]
+
+    async def next_due(self, consumers: Sequence[Consumer]) -> datetime | None:
+        async with self._db.transaction() as tx:
+            return await JobStore(tx).next_due([c.pk for c in consumers])
+
+    async def delivered(self, jobs: Sequence[PushJob]) -> list[int]:
+        """Record 2xx answers, one transaction for all; a job whose lease was lost meanwhile
+        (swept, now another delivery's) is left alone. Returns the consumers whose breaker
+        this closed."""
         targets: defaultdict[Consumer, list[tuple[int, int | None]]] = defaultdict(list)
         for job in jobs:
             targets[job.consumer].append((job.job.id, job.job.attempt))
-        moved = 0
         async with self._db.transaction() as tx:
             for consumer, pairs in targets.items():
                 named = Named(consumer.pk, type=consumer.type)
-                moved += len(await self._queue.ack(named, pairs, tx))
-        return moved
+                await self._queue.ack(named, pairs, tx)
+            return await PushStateStore(tx).succeeded([c.pk for c in targets])
 
-    async def failed(self, job: PushJob, error: str) -> JobStatus | None:
-        """Record a failed attempt: requeued with backoff, or dead once retries are used up."""
+    async def failed(self, job: PushJob, error: str) -> tuple[JobStatus | None, PushState]:
+        """A failed attempt: requeued with backoff, or dead once retries are used up; one more
+        failure towards the consumer's breaker (its state after it is returned)."""
         async with self._db.transaction() as tx:
             moved = await JobStore(tx).fail(
                 job.consumer.pk,
@@ -79,6 +100,38 @@ class PushService:
                 reason=f"delivery failed after the last retry: {error}",
                 last_error=error,
             )
+            state = await PushStateStore(tx).failed(
+                job.consumer.pk, self._breaker.failures, self._breaker.cooldown_seconds
+            )
             if moved and moved[0].status is JobStatus.QUEUED:
                 tx.announce([job.consumer.pk])
-        return moved[0].status if moved else None
+        return (moved[0].status if moved else None), state
+
+    async def deferred(self, job: PushJob, seconds: float, note: str) -> bool:
+        """The receiver asked for time (429/503 Retry-After): back to QUEUED, due then, no
+        retry counted."""
+        async with self._db.transaction() as tx:
+            moved = await JobStore(tx).fail(
+                job.consumer.pk,
+                [(job.job.id, job.job.attempt)],
+                self._policy,
+                delay=seconds,
+                reason=note,
+                last_error=note,
+                counted=False,
+            )
+        return bool(moved)
+
+    async def gone(self, job: PushJob, note: str) -> bool:
+        """410 Gone: push off for the consumer (its jobs stay QUEUED), this job handed back
+        uncounted. True when this answer disabled it."""
+        async with self._db.transaction() as tx:
+            await JobStore(tx).fail(
+                job.consumer.pk,
+                [(job.job.id, job.job.attempt)],
+                self._policy,
+                reason=note,
+                last_error=note,
+                counted=False,
+            )
+            return await PushStateStore(tx).disable(job.consumer.pk, note)

@@ -8,6 +8,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     Column,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -75,7 +76,33 @@ consumer = Table(
     Column("priority_timeout_seconds", Integer(), nullable=True),
     Column("created_at", Timestamp(), nullable=False),
     Column("updated_at", Timestamp(), nullable=False),
+    # Push (migration 0007): the Standard Webhooks secret, the one it replaced while the
+    # rotation's overlap lasts, and the consumer's own limits (NULL: the config's default).
+    Column("signing_secret", String(128), nullable=True),
+    Column("previous_signing_secret", String(128), nullable=True),
+    Column("previous_secret_until", Timestamp(), nullable=True),
+    Column("max_in_flight", Integer(), nullable=True),
+    Column("rate_limit", Float(), nullable=True),
     UniqueConstraint("channel_id", "consumer_id"),
+)
+
+# What dispatchers learn while pushing (migration 0007): disabled by a 410, and the circuit
+# breaker (closed -> open after consecutive failures -> half_open for one probe). A row per
+# consumer from its first failure; each change one conditional statement (app/store/push_state).
+push_state = Table(
+    "push_state",
+    metadata,
+    Column(
+        "consumer_pk", BigInteger(), ForeignKey("consumer.pk", ondelete="CASCADE"), primary_key=True
+    ),
+    Column("disabled_at", Timestamp(), nullable=True),
+    Column("disabled_reason", Text(), nullable=True),
+    Column("breaker", String(16), nullable=False, server_default="closed"),
+    Column("failures", Integer(), nullable=False, server_default="0"),
+    Column("trips", Integer(), nullable=False, server_default="0"),
+    Column("open_until", Timestamp(), nullable=True),
+    Column("changed_at", Timestamp(), nullable=False),
+    CheckConstraint("breaker IN ('closed', 'open', 'half_open')", name="breaker"),
 )
 
 # The pin of a pinned_client consumer's group (migration 0004): which client holds it, since

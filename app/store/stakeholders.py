@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from app.domain.models import Consumer, ConsumerType, Cursor, Page, Stakeholder
+from app.domain.models import Consumer, ConsumerType, Cursor, Page, PushSettings, Stakeholder
 from app.domain.priority import PriorityPolicy, PrioritySettings
 from app.store.db import Tx
 from app.store.pagination import page_bounds, paginate
@@ -54,6 +54,13 @@ def consumer_from_row(row: Row[Any]) -> Consumer:
             row.priority_group,
             PriorityPolicy(row.priority_policy),
             row.priority_timeout_seconds,
+        ),
+        push=PushSettings(
+            signing_secret=row.signing_secret,
+            previous_signing_secret=row.previous_signing_secret,
+            previous_secret_until=row.previous_secret_until,
+            max_in_flight=row.max_in_flight,
+            rate_limit=row.rate_limit,
         ),
     )
 

@@ -14,9 +14,13 @@ from app.services.admin import ConsumerForm, http_date
 router = APIRouter(tags=["management"])
 
 
-def _one(rt: RuntimeDep, item: Consumer, *, with_token: bool = False) -> JSONResponse:
+async def _one(rt: RuntimeDep, item: Consumer, *, with_token: bool = False) -> JSONResponse:
     body = views.consumer(
-        item, default_ack_wait=rt.config.default_ack_wait_seconds, with_token=with_token
+        item,
+        default_ack_wait=rt.config.default_ack_wait_seconds,
+        default_max_in_flight=rt.config.push.max_in_flight,
+        state=await rt.admin.push_state(item),
+        with_token=with_token,
     )
     return JSONResponse(body, headers={"Last-Modified": http_date(item.updated_at)})
 
@@ -40,14 +44,19 @@ async def put_consumer(
         priority_groups=form.get("priorityGroups"),
         priority_policy=form.get("priorityPolicy"),
         priority_timeout=form.get("priorityTimeout"),
+        max_in_flight=form.get("maxInFlight"),
+        rate_limit=form.get("rateLimit"),
+        signing_secret=form.get("signingSecret"),
+        signing_secret_overlap=form.get("signingSecretOverlap"),
+        enabled=form.get("enabled"),
     )
     item = await rt.admin.put_consumer(channel_id, consumer_id, fields, since)
-    return _one(rt, item, with_token=True)
+    return await _one(rt, item, with_token=True)
 
 
 @router.get("/channel/{channel_id}/consumer/{consumer_id}")
 async def get_consumer(channel_id: str, consumer_id: str, rt: RuntimeDep) -> JSONResponse:
-    return _one(rt, await rt.admin.get_consumer(channel_id, consumer_id))
+    return await _one(rt, await rt.admin.get_consumer(channel_id, consumer_id))
 
 
 @router.delete("/channel/{channel_id}/consumer/{consumer_id}", status_code=204)

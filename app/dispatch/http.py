@@ -1,0 +1,81 @@
+"""The dispatcher's HTTP client: pyreqwest (Rust's reqwest and hyper), chosen from the bare POST
+loops in bench/post_clients.py (README, Push: the client comparison), with the guard against
+callbacks that resolve to link-local (cloud metadata) addresses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+from pyreqwest.client import Client, ClientBuilder
+from pyreqwest.exceptions import PyreqwestError, RequestTimeoutError
+
+from app.domain.callbacks import blocked_address, literal_host
+
+RESOLVED_FOR = 30.0  # seconds a name's check is trusted
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int | None  # None: no HTTP answer (see error)
+    retry_after: str | None = None
+    error: str | None = None
+
+
+class Poster:
+    def __init__(self, timeout_seconds: float, max_connections: int) -> None:
+        self._client: Client = (
+            ClientBuilder()
+            .timeout(timedelta(seconds=timeout_seconds))
+            .max_connections(max_connections)
+            .follow_redirects(False)
+            .build()
+        )
+        self._checked: dict[str, tuple[float, str | None]] = {}
+
+    async def _refusal(self, url: str) -> str | None:
+        """Why a URL may not be called (its host is or resolves to a blocked address)."""
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        literal = literal_host(host)
+        if literal is not None:
+            return "callback is a link-local address" if blocked_address(literal) else None
+        cached = self._checked.get(host)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, parts.port or 80, type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            return f"cannot resolve {host}: {exc}"
+        blocked = any(blocked_address(str(info[4][0])) for info in infos)
+        reason = f"callback host {host} resolves to a link-local address" if blocked else None
+        self._checked[host] = (time.monotonic() + RESOLVED_FOR, reason)
+        return reason
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Answer:
+        refusal = await self._refusal(url)
+        if refusal is not None:
+            return Answer(None, error=refusal)
+        try:
+            request = self._client.post(url).headers(headers).body_bytes(body).build()
+            response = await request.send()
+        except RequestTimeoutError:
+            return Answer(None, error="timed out")
+        except PyreqwestError as exc:
+            return Answer(None, error=f"{type(exc).__name__}: {exc}"[:500])
+        retry_after = None
+        if response.status in (429, 503):
+            with contextlib.suppress(KeyError):
+                retry_after = response.headers["retry-after"]
+        return Answer(response.status, retry_after)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._client.close()
