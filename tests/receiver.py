@@ -21,11 +21,14 @@ class Received:
 
 @dataclass
 class Receiver:
-    """Records every POST; `respond(path, attempt_number)` picks (status, delay seconds)."""
+    """Records every POST; `respond(path, attempt_number)` picks (status, delay seconds) or
+    (status, delay seconds, response headers)."""
 
     url: str
     requests: list[Received] = field(default_factory=list)
-    respond: Callable[[str, int], tuple[int, float]] = lambda _path, _n: (200, 0.0)
+    respond: Callable[[str, int], tuple[int, float] | tuple[int, float, dict[str, str]]] = (
+        lambda _path, _n: (200, 0.0)
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, path: str) -> int:
@@ -57,11 +60,15 @@ def running_receiver() -> Iterator[Receiver]:
                     )
                 )
                 n = sum(1 for r in receiver.requests if r.path == self.path)
-            status, delay = receiver.respond(self.path, n)
+            answer = receiver.respond(self.path, n)
+            status, delay = answer[0], answer[1]
+            extra = answer[2] if len(answer) > 2 else {}
             if delay:
                 time.sleep(delay)
             try:
                 self.send_response(status)
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             except (BrokenPipeError, ConnectionResetError):

@@ -290,13 +290,29 @@ FORM_VALUES: dict[str, list[tuple[str, str]]] = {
     "token": TEXT_VALUES,
     "name": TEXT_VALUES,
     "type": [("nul", "pu\x00ll"), ("long", LONG)],
-    "callbackUrl": [("nul", "http://127.0.0.1:9/\x00"), ("long", "http://h/" + LONG)],
+    "callbackUrl": [
+        ("nul", "http://127.0.0.1:9/\x00"),
+        ("long", "http://h/" + LONG),
+        ("metadata", "http://169.254.169.254/latest/meta-data/"),
+        ("metadata-v6-mapped", "http://[::ffff:169.254.169.254]/"),
+    ],
     "ackWait": [("nul", "1\x00"), ("huge", str(10**30)), ("negative", "-1"), ("int40", str(2**40))],
     "maxAckPending": [("nul", "1\x00"), ("negative", "-5"), ("int70", str(2**70))],
     # Alone on a consumer without them, each is refused too (a group needs a policy...).
     "priorityGroups": [("nul", "jobs\x00"), ("long", LONG), ("two", "a,b")],
     "priorityPolicy": [("nul", "over\x00"), ("unknown", "failover"), ("long", LONG)],
     "priorityTimeout": [("nul", "1\x00"), ("huge", str(10**30)), ("negative", "-1")],
+    "maxInFlight": [("nul", "1\x00"), ("zero", "0"), ("int70", str(2**70))],
+    "rateLimit": [("nan", "nan"), ("inf", "inf"), ("negative", "-1"), ("huge", "1e400")],
+    "signingSecret": [
+        ("nul", "whsec_\x00"),
+        ("no-prefix", "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0"),
+        ("not-base64", "whsec_!!!!"),
+        ("short", "whsec_c2hvcnQ="),
+        ("long", "whsec_" + "A" * 10_000),
+    ],
+    "signingSecretOverlap": [("nul", "1\x00"), ("negative", "-1"), ("huge", str(10**30))],
+    "enabled": [("nul", "tr\x00ue"), ("maybe", "maybe")],
 }
 FORM_FIELDS: dict[str, tuple[str, ...]] = {
     "put_channel": ("token", "name"),

@@ -41,7 +41,8 @@ def delivery_headers(
 ) -> dict[str, str]:
     message = job.job
     push = job.consumer.push
-    timestamp = int(now or time.time())
+    moment = time.time() if now is None else now
+    timestamp = int(moment)
     headers = dict(message.headers)
     headers.update(
         {
@@ -61,7 +62,7 @@ def delivery_headers(
         push.signing_secret,
         push.previous_signing_secret,
         push.previous_secret_until,
-        datetime.fromtimestamp(timestamp, UTC),
+        datetime.fromtimestamp(moment, UTC),
     )
     if in_force:
         identity = webhook_id(job)

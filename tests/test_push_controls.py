@@ -1,0 +1,282 @@
+"""Push that behaves, against real receivers on loopback, on PostgreSQL and SQLite: Standard
+Webhooks signatures across a secret rotation, Retry-After, 410 Gone, a hanging endpoint beside
+a healthy one, the circuit breaker, and callbacks that point at metadata addresses."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks import Webhook, WebhookVerificationError
+
+from app.config import Config
+from app.dispatch.http import Poster
+from tests.receiver import Receiver, running_receiver
+from tests.test_push import broker, job_of, publish, setup_push, wait_for_status
+
+
+@pytest.fixture
+def extra_config() -> str:
+    # No retries at all: a 429 or 410 that counted one would dead-letter the job.
+    return (
+        "[broker]\nmax-retry=0\nretry-backoff-delays-in-seconds=1\n"
+        "rational-delay-in-seconds=1\nmax-workers=8\n"
+        "[consumer-connection]\nconnection-timeout-in-seconds=2\n"
+        "[push]\nmax-in-flight=4\nbreaker-failures=3\nbreaker-cooldown=2\n"
+    )
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with running_receiver() as r:
+        yield r
+
+
+@pytest.fixture
+async def http(config: Config) -> AsyncIterator[httpx.AsyncClient]:
+    async with broker(config, sweeper=True, dispatcher=True) as client:
+        yield client
+
+
+async def put_consumer(http: httpx.AsyncClient, consumer: str, **form: str) -> dict[str, Any]:
+    path = f"/channel/c1/consumer/{consumer}"
+    current = await http.get(path)
+    headers = {}
+    if current.status_code == 200:
+        headers["If-Unmodified-Since"] = current.headers["Last-Modified"]
+    r = await http.put(path, data={"token": "kt", **form}, headers=headers)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def received(receiver: Receiver, message_id: str) -> list[dict[str, str]]:
+    with receiver.lock:
+        return [
+            r.headers for r in receiver.requests if r.headers["x-broker-message-id"] == message_id
+        ]
+
+
+async def until(check: Any, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def with_retries(config: Config, max_retry: int) -> Config:
+    return dataclasses.replace(
+        config, broker=dataclasses.replace(config.broker, max_retry=max_retry)
+    )
+
+
+def verify(secret: str, body: bytes, headers: dict[str, str]) -> bool:
+    try:
+        Webhook(secret).verify(body, headers)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+async def test_standard_webhooks_signatures_across_a_rotation(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    await setup_push(http, receiver.url + "/hook")
+    shown = await put_consumer(http, "k1", callbackUrl=receiver.url + "/hook")
+    old = shown["SigningSecret"]
+    assert old.startswith("whsec_")
+    assert "SigningSecret" not in (await http.get("/channel/c1/consumer/k1")).json()
+
+    await publish(http, b'{"n": 1}', "before")
+    await until(lambda: received(receiver, "before"))
+    before = received(receiver, "before")[0]
+    assert before["webhook-id"] and before["webhook-timestamp"]
+    assert verify(old, b'{"n": 1}', before)
+
+    rotated = await put_consumer(
+        http,
+        "k1",
+        callbackUrl=receiver.url + "/hook",
+        signingSecret="rotate",
+        signingSecretOverlap="2",
+    )
+    new = rotated["SigningSecret"]
+    assert new != old and rotated["SigningSecretRotatedUntil"]
+    await publish(http, b'{"n": 2}', "during")
+    await until(lambda: received(receiver, "during"))
+    during = received(receiver, "during")[0]
+    assert len(during["webhook-signature"].split(" ")) == 2
+    assert verify(new, b'{"n": 2}', during) and verify(old, b'{"n": 2}', during)
+
+    await asyncio.sleep(2.1)  # the overlap ends
+    await publish(http, b'{"n": 3}', "after")
+    await until(lambda: received(receiver, "after"))
+    after = received(receiver, "after")[0]
+    assert verify(new, b'{"n": 3}', after) and not verify(old, b'{"n": 3}', after)
+    # The broker's own signature is still there for existing receivers.
+    assert after["x-broker-signature"].startswith("t=")
+
+    # A secret of the receiver's choosing is taken as given.
+    chosen = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    given = await put_consumer(http, "k1", callbackUrl=receiver.url + "/hook", signingSecret=chosen)
+    assert given["SigningSecret"] == chosen
+
+
+async def test_one_webhook_id_across_the_retries_of_a_job(
+    config: Config, receiver: Receiver
+) -> None:
+    config = with_retries(config, 3)
+    receiver.respond = lambda _path, n: (500, 0.0) if n == 1 else (200, 0.0)
+    async with broker(config, sweeper=True, dispatcher=True) as http:
+        await setup_push(http, receiver.url + "/hook")
+        await publish(http, b"x", "retried")
+        await wait_for_status(http, "retried", "DELIVERED")
+        first, second = received(receiver, "retried")
+        assert first["webhook-id"] == second["webhook-id"]
+        assert first["x-broker-delivery-attempt"] == "1"
+        assert second["x-broker-delivery-attempt"] == "2"
+
+
+async def test_429_with_retry_after_delays_the_job_and_counts_no_retry(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    receiver.respond = lambda _path, n: (429, 0.0, {"Retry-After": "2"}) if n == 1 else (200, 0.0)
+    await setup_push(http, receiver.url + "/hook")
+    await publish(http, b"slow down", "m1")
+    job = await wait_for_status(http, "m1", "DELIVERED")
+    assert job["RetryCount"] == 0  # with max-retry=0, a counted failure would have killed it
+    with receiver.lock:
+        first, second = receiver.requests[0].at, receiver.requests[1].at
+    assert 1.8 <= second - first < 4.0, second - first
+
+
+async def test_410_disables_push_and_a_put_enables_it(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    gone = True
+    receiver.respond = lambda _path, _n: (410, 0.0) if gone else (200, 0.0)
+    await setup_push(http, receiver.url + "/hook")
+    await publish(http, b"one", "m1")
+    await until(lambda: receiver.count("/hook") == 1)
+    for _ in range(100):
+        consumer = (await http.get("/channel/c1/consumer/k1")).json()
+        if not consumer["Enabled"]:
+            break
+        await asyncio.sleep(0.05)
+    assert consumer["Enabled"] is False and consumer["DisabledAt"]
+    assert "410" in consumer["DisabledReason"]
+    await publish(http, b"two", "m2")
+    await asyncio.sleep(1.5)  # past the dispatcher's idle interval: nothing goes out
+    assert receiver.count("/hook") == 1
+    assert (await job_of(http, "m1"))["Status"] == "QUEUED"
+    assert (await job_of(http, "m2"))["Status"] == "QUEUED"
+
+    gone = False
+    enabled = await put_consumer(http, "k1", callbackUrl=receiver.url + "/hook", enabled="true")
+    assert enabled["Enabled"] is True
+    for message_id in ("m1", "m2"):
+        job = await wait_for_status(http, message_id, "DELIVERED")
+        assert job["RetryCount"] == 0
+
+
+async def test_the_breaker_opens_burns_no_retries_and_closes_on_recovery(
+    config: Config, receiver: Receiver
+) -> None:
+    healthy = False
+    receiver.respond = lambda _path, _n: (200, 0.0) if healthy else (500, 0.0)
+    async with broker(with_retries(config, 10), sweeper=True, dispatcher=True) as http:
+        await setup_push(http, receiver.url + "/hook")
+        for n in range(3):
+            await publish(http, b"x", f"m{n}")
+        await until(lambda: receiver.count("/hook") >= 3)
+        state: dict[str, Any] = {}
+        for _ in range(100):
+            state = (await http.get("/channel/c1/consumer/k1")).json()["Breaker"]
+            if state["State"] == "open":
+                break
+            await asyncio.sleep(0.05)
+        assert state["State"] == "open" and state["OpenUntil"], state
+        # The jobs are due again after a second's backoff, but the breaker holds them.
+        seen = receiver.count("/hook")
+        await asyncio.sleep(1.2)
+        assert receiver.count("/hook") == seen
+        retries = [(await job_of(http, f"m{n}"))["RetryCount"] for n in range(3)]
+
+        healthy = True
+        for n in range(3):
+            await wait_for_status(http, f"m{n}", "DELIVERED")
+        after = [(await job_of(http, f"m{n}"))["RetryCount"] for n in range(3)]
+        assert after == retries  # the open breaker burned no retries
+        assert receiver.count("/hook") == seen + 3  # one probe, then the other two
+        state = (await http.get("/channel/c1/consumer/k1")).json()["Breaker"]
+        assert state == {"State": "closed", "ConsecutiveFailures": 0, "OpenUntil": None}
+
+
+async def test_a_hanging_endpoint_holds_only_its_own_window(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """max-in-flight=4 of max-workers=8: the hanging consumer never holds more than its four,
+    so the healthy one delivers at the same pace beside it as alone."""
+
+    async def pace(message_prefix: str, count: int) -> float:
+        started = time.monotonic()
+        for n in range(count):
+            await publish(http, b"x", f"{message_prefix}{n}")
+        await until(lambda: receiver.count("/ok") >= count_before + count, within=60)
+        return time.monotonic() - started
+
+    await setup_push(http, receiver.url + "/ok")
+    receiver.respond = lambda path, _n: (200, 0.1)  # 100 ms a delivery: paced by the window
+    count_before = 0
+    alone = await pace("alone", 60)
+
+    hanging: list[float] = []
+
+    def respond(path: str, _n: int) -> tuple[int, float]:
+        if path == "/hang":
+            hanging.append(time.monotonic())
+            return (200, 30.0)  # far past the 2 s timeout
+        return (200, 0.1)
+
+    receiver.respond = respond
+    r = await http.put(
+        "/channel/c1/consumer/hang", data={"token": "ht", "callbackUrl": receiver.url + "/hang"}
+    )
+    assert r.status_code == 200, r.text
+    count_before = receiver.count("/ok")
+    beside = await pace("beside", 60)
+    assert hanging, "the hanging endpoint was called"
+    assert beside <= alone * 1.25, (alone, beside)  # within 20% of the rate alone
+
+
+async def test_callbacks_to_metadata_addresses_are_refused(
+    http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert (await http.put("/channel/c1", data={"token": "ct"})).status_code == 200
+    for url in ("http://169.254.169.254/latest/meta-data/", "http://[fe80::1]/hook"):
+        r = await http.put("/channel/c1/consumer/k1", data={"token": "kt", "callbackUrl": url})
+        assert r.status_code == 400 and "link-local" in r.json()["detail"], r.text
+
+    # A name that resolves there is refused when a delivery would go out (the resolver's
+    # answer stands in for a DNS record pointing at the metadata service).
+    poster = Poster(2, 4)
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+
+    async def resolve(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "metadata.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", 80))]
+        return await real(host, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "getaddrinfo", resolve)
+    try:
+        answer = await poster.post("http://metadata.example/latest", b"x", {})
+    finally:
+        await poster.close()
+    assert answer.status is None and "link-local" in (answer.error or "")
