@@ -77,6 +77,9 @@ def config_text(database_url: str, receiver_port: int, nats_url: str) -> str:
         "log-level=warning",
         "[broker]",
         "max-workers=200",
+        "[push]",
+        # one consumer may use the whole window, as the bare client loops do
+        "max-in-flight=200",
         "[nats]",
         f"url={nats_url}",
         "[initial-channels]",

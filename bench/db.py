@@ -196,13 +196,19 @@ async def span_jobs(
 
 
 async def delivery_latency(
-    conn: psycopg.AsyncConnection[Any], consumer_pk: int, window: DbWindow
+    conn: psycopg.AsyncConnection[Any],
+    consumer_pk: int,
+    window: DbWindow,
+    *,
+    since: str = "claimed_at",
 ) -> dict[str, float]:
-    """Claim-to-DELIVERED time of jobs delivered in the window (push), from the database."""
+    """Claim-to-DELIVERED time of jobs delivered in the window (push), from the database;
+    `since="created_at"`: from the job's creation (its publish)."""
+    assert since in ("claimed_at", "created_at")
     sql = f"""
         SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d),
                percentile_cont(0.99) WITHIN GROUP (ORDER BY d), count(*)
-          FROM (SELECT extract(epoch FROM status_changed_at - claimed_at) * 1000 AS d
+          FROM (SELECT extract(epoch FROM status_changed_at - {since}) * 1000 AS d
                   FROM job WHERE consumer_pk = %s AND {COUNTS["delivered"]}) AS t
     """
     row = await (await conn.execute(sql, (consumer_pk, window.start, window.end))).fetchone()

@@ -226,6 +226,17 @@ def targets(runner: Runner) -> list[Target]:
                     check(lat["p50"] < 10 and lat["p99"] < 50),
                 )
             )
+    pushed = _find(runner, "push delivery to a local receiver")
+    if pushed and "ratio_to_best_client" in pushed[0].extra:
+        x = pushed[0].extra["ratio_to_best_client"]
+        out.append(
+            Target(
+                "push deliveries vs the best bare client loop",
+                ">= 50%",
+                f"{x:.1%} of {pushed[0].extra['best_client']}",
+                check(x >= 0.5),
+            )
+        )
     idle = _find(runner, f"{s.idle_pollers} idle long-pollers")
     if idle and idle[0].status == "ok":
         due = idle[0].extra["statements_per_s_due_to_pollers"]

@@ -13,13 +13,21 @@ import functools
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 from bench import db, profile, redelivery
-from bench.broker import PRODUCER, PUB_CONSUMERS, PUSH_CONSUMER, bridge_available, token
+from bench.broker import (
+    PRODUCER,
+    PUB_CONSUMERS,
+    PUSH_CHANNEL,
+    PUSH_CONSUMER,
+    bridge_available,
+    token,
+)
 from bench.env import DBNAME, Env, Measured, wait_port
 from bench.http1 import Connection
 from bench.pg import free_port
@@ -35,7 +43,7 @@ GUESS = {
     "pull-batch": 20_000.0,
     "pull-each": 1_500.0,
     "goproto": 1_000.0,
-    "push": 1_500.0,
+    "push": 8_000.0,
     "jetstream": 50_000.0,
     "bridge": 10_000.0,
     "pgqueuer": 12_000.0,
@@ -59,6 +67,9 @@ PAIRS = {
     "publish": "publish",
 }
 STATUS_ACTIVE_HEAD = 12
+NOTIFY = "webhook_broker_jobs"  # app/store/db.py NOTIFY_CHANNEL: what a publish wakes
+PUSH_WINDOW = 200  # deliveries in flight: the dispatcher's max-workers, and each bare loop's
+POST_CLIENTS = ("httpx", "aiohttp", "httpx-aiohttp", "pyreqwest")
 IDLE_SCHEDULED = 1000  # scheduled messages in the idle-scheduled scenario
 
 
@@ -525,7 +536,117 @@ class Runner:
 
     # -- push ---------------------------------------------------------------------------------
 
-    async def push(self) -> Measured:
+    async def push(self) -> None:
+        """Each candidate client's bare POST loop to the receiver (no database), then the
+        dispatcher, back to back: push deliveries/s against the best bare loop."""
+        bare = await self.post_clients()
+        best = max(bare, key=lambda m: m.rate, default=None)
+        delivered = await self._push()
+        if best is not None and best.rate > 0 and delivered.status == "ok":
+            ratio = delivered.rate / best.rate
+            delivered.extra["ratio_to_best_client"] = round(ratio, 4)
+            delivered.extra["best_client"] = best.extra.get("client")
+            delivered.notes.append(f"{ratio:.1%} of the best bare client loop ({best.name})")
+        if delivered.rate > 0:
+            await self._push_paced(delivered.rate / 2)
+
+    async def _push_paced(self, rate: float) -> Measured:
+        """Jobs arriving at `rate` a second (half what the dispatcher reached flat out), each
+        tick's with a NOTIFY as a publish sends: claim-to-delivered and publish-to-delivered."""
+        s, env = self.s, self.env
+        assert env.broker is not None
+        pk = env.pks[PUSH_CONSUMER]
+        # What the flat-out run left queued would be delivered first: a backlog, not a load.
+        await env.conn.execute(
+            "DELETE FROM job WHERE consumer_pk = %s AND status = 'QUEUED'", (pk,)
+        )
+        await db.vacuum(env.conn, "job")
+        tick = 0.05
+        per_tick = max(1, round(rate * tick))
+        meter = env.meter()
+        meter.add("receiver", env.receiver.pid)
+        dispatcher = await env.broker.start_dispatcher()
+        meter.add("dispatcher", dispatcher.pid)
+        try:
+            await asyncio.sleep(s.warmup + 2.0)
+            meter.start()
+            start = await db.clock(env.conn)
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            ticks = 0
+            while loop.time() - began < s.duration:
+                await db.insert_jobs(
+                    env.conn,
+                    channel=PUSH_CHANNEL,
+                    producer=PRODUCER,
+                    consumer_pks=[pk],
+                    count=per_tick,
+                )
+                await env.conn.execute(f"SELECT pg_notify('{NOTIFY}', %s)", (str(pk),))
+                ticks += 1
+                await asyncio.sleep(max(0.0, began + ticks * tick - loop.time()))
+            end = await db.clock(env.conn)
+            await asyncio.sleep(3.0)  # the last ticks' deliveries land
+            meter.stop()
+        finally:
+            await env.broker.stop_dispatcher()
+        window = db.DbWindow(start, end)
+        m = Measured(
+            f"push at half that load ({per_tick / tick:,.0f} jobs/s offered)",
+            "ours",
+            jobs=await db.count_jobs(env.conn, "delivered", [pk], window),
+            seconds=window.seconds,
+            latency_ms={
+                "claim_to_delivered": await db.delivery_latency(env.conn, pk, window),
+                "publish_to_delivered": await db.delivery_latency(
+                    env.conn, pk, window, since="created_at"
+                ),
+            },
+            cpu=meter.percent(),
+        )
+        return self.keep(m)
+
+    async def post_clients(self) -> list[Measured]:
+        s, env = self.s, self.env
+        out = []
+        for client in POST_CLIENTS:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.post_clients",
+                client,
+                f"http://127.0.0.1:{env.receiver_port}/hook",
+                "--concurrency",
+                str(PUSH_WINDOW),
+                "--seconds",
+                str(s.duration),
+                "--warmup",
+                str(s.warmup),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            stdout, stderr = await proc.communicate()
+            if proc.returncode != 0:
+                self.say(f"  {client}: failed: {stderr.decode()[-300:]}")
+                continue
+            result = json.loads(stdout.decode().strip().splitlines()[-1])
+            m = Measured(
+                f"bare POST loop, {client}, {PUSH_WINDOW} in flight (no database)",
+                "baseline",
+                jobs=result["requests"],
+                seconds=result["seconds"],
+                extra={
+                    "client": client,
+                    "cpu_us_per_request": round(
+                        1e6 * result["cpu_seconds"] / max(1, result["requests"]), 1
+                    ),
+                    "errors": result["errors"],
+                },
+            )
+            out.append(self.keep(m))
+        return out
+
+    async def _push(self) -> Measured:
         s, env = self.s, self.env
         assert env.broker is not None
         warm = s.warmup + 2.0  # the dispatcher process starts inside the warm-up
@@ -558,7 +679,7 @@ class Runner:
         pk = env.pks[PUSH_CONSUMER]
         jobs = await db.count_jobs(env.conn, "delivered", [pk], window)
         m = Measured(
-            "push delivery to a local receiver (dispatcher, max-workers 200)",
+            f"push delivery to a local receiver (dispatcher, max-workers {PUSH_WINDOW})",
             "ours",
             jobs=jobs,
             seconds=window.seconds,

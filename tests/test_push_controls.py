@@ -104,17 +104,18 @@ async def test_standard_webhooks_signatures_across_a_rotation(
         "k1",
         callbackUrl=receiver.url + "/hook",
         signingSecret="rotate",
-        signingSecretOverlap="2",
+        signingSecretOverlap="3",
     )
     new = rotated["SigningSecret"]
     assert new != old and rotated["SigningSecretRotatedUntil"]
+    await asyncio.sleep(1.1)  # a running dispatcher reads consumers' settings once a second
     await publish(http, b'{"n": 2}', "during")
     await until(lambda: received(receiver, "during"))
     during = received(receiver, "during")[0]
     assert len(during["webhook-signature"].split(" ")) == 2
     assert verify(new, b'{"n": 2}', during) and verify(old, b'{"n": 2}', during)
 
-    await asyncio.sleep(2.1)  # the overlap ends
+    await asyncio.sleep(2.1)  # the overlap ends (3 s after the PUT)
     await publish(http, b'{"n": 3}', "after")
     await until(lambda: received(receiver, "after"))
     after = received(receiver, "after")[0]

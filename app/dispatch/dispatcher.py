@@ -27,7 +27,10 @@ from app.services.signals import ANY_CONSUMER, Signals
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Broker-Signature"
-CLAIM_CHUNK = 32
+# Jobs per claim statement: a lease starts at the claim, so a chunk must be sent well within
+# it; 100 at the window's pace is a few milliseconds.
+CLAIM_CHUNK = 100
+TARGETS_FOR = 1.0
 PUSHED_BACK = (429, 503)
 
 
@@ -106,6 +109,11 @@ class Dispatcher:
         self._lanes: dict[int, Lane] = {}
         self._breakers: dict[int, Breaker] = {}  # as last seen here, to log each change once
         self._turn = 0
+        self._targets_cache: list[PushTarget] | None = None
+        self._targets_until = 0.0
+        # Consumers whose failure count or breaker a success must reset (the rest are clean:
+        # their successes write nothing but the jobs' own state).
+        self._dirty: set[int] = set()
         # 2xx answers not yet recorded: one task records all that arrived meanwhile in one
         # transaction (a transaction per job cost more CPU than the POST).
         self._answered: list[PushJob] = []
@@ -146,7 +154,7 @@ class Dispatcher:
         free = self._max_workers - len(self._tasks)
         if free <= 0:
             return self._idle
-        targets = await self._push.targets()
+        targets = await self._targets()
         if not targets:
             return self._idle
         self._turn = (self._turn + 1) % len(targets)
@@ -169,6 +177,7 @@ class Dispatcher:
                     wait = min(wait, (state.open_until - wall).total_seconds())
                     continue
                 if lane.in_flight == 0 and await self._push.start_probe(consumer):
+                    self._forget_targets()
                     log.info("push breaker of %s/%s: probing", consumer.channel_id, consumer.id)
                     free -= self._start(lane, await self._push.claim(consumer, 1))
                 continue
@@ -192,6 +201,24 @@ class Dispatcher:
             if next_due is not None:
                 wait = min(wait, (next_due - datetime.now(UTC)).total_seconds())
         return max(0.01, wait)
+
+    async def _targets(self) -> list[PushTarget]:
+        """The push consumers and their state, read again at most every TARGETS_FOR seconds
+        (a round per claim would read them thousands of times a second under load); what this
+        dispatcher learns itself (a breaker it opened, push it disabled) applies at once."""
+        now = time.monotonic()
+        if self._targets_cache is None or now >= self._targets_until:
+            self._targets_cache = await self._push.targets()
+            self._targets_until = now + TARGETS_FOR
+            self._dirty |= {
+                t.consumer.pk
+                for t in self._targets_cache
+                if t.state.failures or t.state.breaker is not Breaker.CLOSED
+            }
+        return self._targets_cache
+
+    def _forget_targets(self) -> None:
+        self._targets_cache = None
 
     def _start(self, lane: Lane, jobs: list[PushJob]) -> int:
         lane.started(len(jobs))
@@ -237,11 +264,15 @@ class Dispatcher:
             if not answered:
                 continue
             try:
-                closed = await self._push.delivered(answered)
+                resets = {job.consumer.pk for job in answered} & self._dirty
+                closed = await self._push.delivered(answered, resets)
+                self._dirty -= resets
             except Exception:
                 # Their leases are still in the database: the sweeper requeues them.
                 log.exception("recording %d delivered jobs failed", len(answered))
                 continue
+            if closed:
+                self._forget_targets()
             for job in answered:
                 if job.consumer.pk in closed:
                     c = job.consumer
@@ -279,12 +310,14 @@ class Dispatcher:
                 return
         if status == 410:
             if await self._push.gone(job, "HTTP 410 Gone from the callback"):
+                self._forget_targets()
                 c = job.consumer
                 log.warning("push to %s/%s disabled: HTTP 410 Gone", c.channel_id, c.id)
             return
         if status is None:
             lane.pushed_back()  # no answer at all: a struggling endpoint gets fewer at once
         error = answer.error or f"HTTP {status}"
+        self._dirty.add(job.consumer.pk)
         moved, state = await self._push.failed(job, error)
         log.info("push of job %s failed (%s); now %s", job.job.id, error, moved)
         if (
@@ -300,3 +333,4 @@ class Dispatcher:
                 state.failures,
             )
             self._breakers[c.pk] = Breaker.OPEN
+            self._forget_targets()

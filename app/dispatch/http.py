@@ -36,10 +36,19 @@ class Poster:
             .follow_redirects(False)
             .build()
         )
-        self._checked: dict[str, tuple[float, str | None]] = {}
+        self._checked: dict[str, tuple[float, str | None]] = {}  # by host
+        self._urls: dict[str, tuple[float, str | None]] = {}  # by URL: the per-delivery path
 
     async def _refusal(self, url: str) -> str | None:
         """Why a URL may not be called (its host is or resolves to a blocked address)."""
+        known = self._urls.get(url)
+        if known is not None and known[0] > time.monotonic():
+            return known[1]
+        reason = await self._check(url)
+        self._urls[url] = (time.monotonic() + RESOLVED_FOR, reason)
+        return reason
+
+    async def _check(self, url: str) -> str | None:
         parts = urlsplit(url)
         host = parts.hostname or ""
         literal = literal_host(host)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -76,10 +76,11 @@ class PushService:
         async with self._db.transaction() as tx:
             return await JobStore(tx).next_due([c.pk for c in consumers])
 
-    async def delivered(self, jobs: Sequence[PushJob]) -> list[int]:
+    async def delivered(self, jobs: Sequence[PushJob], resets: Collection[int]) -> list[int]:
         """Record 2xx answers, one transaction for all; a job whose lease was lost meanwhile
-        (swept, now another delivery's) is left alone. Returns the consumers whose breaker
-        this closed."""
+        (swept, now another delivery's) is left alone. The consumers in `resets` had failures
+        counted: their count goes back to zero and their breaker closes. Returns those whose
+        state this changed."""
         targets: defaultdict[Consumer, list[tuple[int, int | None]]] = defaultdict(list)
         for job in jobs:
             targets[job.consumer].append((job.job.id, job.job.attempt))
@@ -87,7 +88,9 @@ class PushService:
             for consumer, pairs in targets.items():
                 named = Named(consumer.pk, type=consumer.type)
                 await self._queue.ack(named, pairs, tx)
-            return await PushStateStore(tx).succeeded([c.pk for c in targets])
+            if not resets:
+                return []
+            return await PushStateStore(tx).succeeded(list(resets))
 
     async def failed(self, job: PushJob, error: str) -> tuple[JobStatus | None, PushState]:
         """A failed attempt: requeued with backoff, or dead once retries are used up; one more
