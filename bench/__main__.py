@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--wake-samples", type=int, help="long-poll wake-up samples (default 100)")
     p.add_argument("--idle-pollers", type=int, help="idle long-pollers (default 100)")
     p.add_argument(
+        "--push-dispatchers", type=int, help="dispatcher processes in the push scenarios (1)"
+    )
+    p.add_argument(
         "--soak",
         type=float,
         default=0.0,
@@ -119,6 +122,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         "large_backlog",
         "wake_samples",
         "idle_pollers",
+        "push_dispatchers",
     ):
         value = getattr(a, name)
         if value is not None:

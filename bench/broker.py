@@ -150,7 +150,7 @@ class Broker:
         self.api_ports = [free_port() for _ in range(self.api_procs)]
         self.apis: list[Service] = []
         self.sweeper: Service | None = None
-        self.dispatcher: Service | None = None
+        self.dispatchers: list[Service] = []
         self.bridge: Service | None = None
 
     def _service(self, name: str, command: str, env: dict[str, str] | None = None) -> Service:
@@ -189,15 +189,17 @@ class Broker:
         self.sweeper = self._service("sweeper", "sweeper")
         await self.sweeper.start()
 
-    async def start_dispatcher(self) -> Service:
-        self.dispatcher = self._service("dispatcher", "dispatcher")
-        await self.dispatcher.start()
-        return self.dispatcher
+    async def start_dispatcher(self, count: int = 1) -> list[Service]:
+        """`count` dispatcher processes (they share the work through the database)."""
+        self.dispatchers = [self._service(f"dispatcher{i}", "dispatcher") for i in range(count)]
+        for dispatcher in self.dispatchers:
+            await dispatcher.start()
+        return self.dispatchers
 
     async def stop_dispatcher(self) -> None:
-        if self.dispatcher is not None:
-            await self.dispatcher.stop()
-            self.dispatcher = None
+        for dispatcher in self.dispatchers:
+            await dispatcher.stop()
+        self.dispatchers = []
 
     async def start_bridge(self, nats_url: str, leaf_url: str | None = None) -> Service:
         """The bridge on `nats_url`; with `leaf_url`, in hybrid mode (deliveries over a leafnode
@@ -213,7 +215,7 @@ class Broker:
         return self.bridge
 
     async def stop(self) -> None:
-        for service in [self.dispatcher, self.bridge, self.sweeper, *self.apis]:
+        for service in [*self.dispatchers, self.bridge, self.sweeper, *self.apis]:
             if service is not None:
                 await service.stop()
 

@@ -45,6 +45,7 @@ class Settings:
     latency_pulls: int = 25
     wake_samples: int = 100
     idle_pollers: int = 100
+    push_dispatchers: int = 1
     soak: float = 0.0
     profile: bool = False
     durable: bool = False

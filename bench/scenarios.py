@@ -43,7 +43,7 @@ GUESS = {
     "pull-batch": 20_000.0,
     "pull-each": 1_500.0,
     "goproto": 1_000.0,
-    "push": 8_000.0,
+    "push": 15_000.0,
     "jetstream": 50_000.0,
     "bridge": 10_000.0,
     "pgqueuer": 12_000.0,
@@ -565,8 +565,9 @@ class Runner:
         per_tick = max(1, round(rate * tick))
         meter = env.meter()
         meter.add("receiver", env.receiver.pid)
-        dispatcher = await env.broker.start_dispatcher()
-        meter.add("dispatcher", dispatcher.pid)
+        dispatchers = await env.broker.start_dispatcher(s.push_dispatchers)
+        for dispatcher in dispatchers:
+            meter.add("dispatcher", dispatcher.pid)
         try:
             await asyncio.sleep(s.warmup + 2.0)
             meter.start()
@@ -654,19 +655,21 @@ class Runner:
         await db.vacuum(env.conn, "job")
         meter = env.meter()
         meter.add("receiver", env.receiver.pid)
-        dispatcher = await env.broker.start_dispatcher()
-        meter.add("dispatcher", dispatcher.pid)
+        dispatchers = await env.broker.start_dispatcher(s.push_dispatchers)
+        for dispatcher in dispatchers:
+            meter.add("dispatcher", dispatcher.pid)
         try:
             await asyncio.sleep(warm)
-            if not dispatcher.alive():
-                raise RuntimeError(f"dispatcher exited:\n{dispatcher.log_tail()}")
+            for dispatcher in dispatchers:
+                if not dispatcher.alive():
+                    raise RuntimeError(f"dispatcher exited:\n{dispatcher.log_tail()}")
             meter.start()
             start = await db.clock(env.conn)
             await db.statements_reset(env.conn)
             profiling = None
             if s.profile:
                 out = env.workdir / "pyspy-dispatcher.txt"
-                profiling = asyncio.create_task(profile.record(dispatcher.pid, s.duration, out))
+                profiling = asyncio.create_task(profile.record(dispatchers[0].pid, s.duration, out))
             await asyncio.sleep(s.duration)
             meter.stop()
             if profiling is not None:
@@ -679,7 +682,8 @@ class Runner:
         pk = env.pks[PUSH_CONSUMER]
         jobs = await db.count_jobs(env.conn, "delivered", [pk], window)
         m = Measured(
-            f"push delivery to a local receiver (dispatcher, max-workers {PUSH_WINDOW})",
+            f"push delivery to a local receiver ({s.push_dispatchers} dispatcher"
+            f"{'s' if s.push_dispatchers > 1 else ''}, max-workers {PUSH_WINDOW})",
             "ours",
             jobs=jobs,
             seconds=window.seconds,
