@@ -116,8 +116,9 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
-            # Waiting long polls return now, so draining in-flight requests ends promptly.
-            runtime.pulls.drain()
+            # Waiting long polls return now, so draining in-flight requests ends promptly;
+            # /_ready fails from here on.
+            runtime.begin_draining()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
         @contextmanager

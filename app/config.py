@@ -117,6 +117,13 @@ def _listener(raw: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0", port)
 
 
+def _log_format(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("text", "json"):
+        raise ValueError("must be text or json")
+    return value
+
+
 def _log_level(raw: str) -> str:
     level = raw.upper()
     aliases = {"WARN": "WARNING", "FATAL": "CRITICAL", "PANIC": "CRITICAL", "TRACE": "DEBUG"}
@@ -292,6 +299,13 @@ SECTIONS: tuple[Section, ...] = (
                 _log_level,
                 "debug, info, warn, error or fatal.",
                 attr="level",
+            ),
+            Key(
+                "log-format",
+                "text",
+                _log_format,
+                "text (for a terminal) or json (one object per line, for a log pipeline).",
+                attr="format",
             ),
             Key(
                 "max-file-size-in-mb",
@@ -760,6 +774,7 @@ class HttpConfig:
 class LogConfig:
     filename: str
     level: str
+    format: str = "text"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,48 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from datetime import UTC, datetime
 
 from app.config import Config, LogConfig
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Fields a log call may attach (`extra=`) that the JSON form writes as keys of their own.
+FIELDS = (
+    "request_id",
+    "method",
+    "path",
+    "status",
+    "duration_ms",
+    "channel_id",
+    "consumer_id",
+)
+
+
+# Libraries whose INFO is chatter (SQLAlchemy's INFO carries statement parameters, tokens among
+# them; Alembic announces its dialect and DDL mode on every start).
+NOISY = ("sqlalchemy", "aiosqlite", "psycopg", "httpcore", "httpx", "asyncio", "alembic")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the request's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                entry[name] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
 
 
 def setup_logging(config: LogConfig) -> None:
@@ -16,13 +52,12 @@ def setup_logging(config: LogConfig) -> None:
         if config.filename
         else logging.StreamHandler(sys.stderr)
     )
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(JsonFormatter() if config.format == "json" else logging.Formatter(FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.level)
-    # SQLAlchemy logs statements with their parameters (tokens among them) at INFO, and the
-    # drivers and HTTP client are chatty: only their warnings reach broker logs.
-    for noisy in ("sqlalchemy", "aiosqlite", "psycopg", "httpcore", "httpx", "asyncio"):
+    # Only their warnings reach broker logs.
+    for noisy in NOISY:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

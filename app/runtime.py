@@ -13,6 +13,7 @@ from app.config import Config
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.http import Poster
 from app.domain.pulls import PullLimits
+from app.metrics import Metrics
 from app.services.acking import AckService
 from app.services.admin import AdminService
 from app.services.advisories import Advisories
@@ -32,6 +33,7 @@ from app.services.signals import Signals
 from app.services.sweeping import SweepService
 from app.store.db import Database
 from app.store.listener import NotifyListener
+from app.store.migrate import head_revisions
 from app.store.queue import Queue
 from app.sweeper.redrives import RedriveRunner
 from app.sweeper.runner import Sweeper
@@ -71,7 +73,7 @@ class Runtime:
             min_schedule_delay=config.min_schedule_delay_minutes * 60,
         )
         self.messages = MessageQueries(self.db)
-        self.health = HealthService(self.db)
+        self.health = HealthService(self.db, head_revisions(config.database))
         self.job_status = JobStatusQueries(self.db)
         self.redrives = RedriveService(self.db)
         self.claims = ClaimSource(self.db, self.queue, ack_wait, self.advisories)
@@ -109,6 +111,8 @@ class Runtime:
             ack_wait,
             BreakerSettings(config.push.breaker_failures, config.push.breaker_cooldown_seconds),
         )
+        self.metrics = Metrics(self.scheduler.waiting_total)
+        self._draining = False
         self.listener: NotifyListener | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
 
@@ -150,12 +154,30 @@ class Runtime:
             idle_seconds=broker.rational_delay_seconds,
             token_header=connection.token_header_name,
             user_agent=connection.user_agent,
+            observe=self.metrics.pushed,
         )
         self._spawn(dispatcher.run(self._stop), "push-dispatcher")
+
+    async def scrape(self) -> bytes:
+        """The process's metrics; the database-read series at most every few seconds."""
+        if self.metrics.stale():
+            self.metrics.refreshed(await self.job_status.by_consumer(), await self.push.targets())
+        return self.metrics.render()
 
     def _spawn(self, coro: object, name: str) -> None:
         assert asyncio.iscoroutine(coro)
         self._tasks.append(asyncio.create_task(coro, name=name))
+
+    @property
+    def draining(self) -> bool:
+        """Stopping: `/_ready` fails, so a load balancer sends no new work here."""
+        return self._draining or self._stop.is_set()
+
+    def begin_draining(self) -> None:
+        """A stop signal: readiness fails and waiting pulls are answered now, while the
+        server finishes the requests in flight."""
+        self._draining = True
+        self.pulls.drain()
 
     async def stop(self) -> None:
         self._stop.set()

@@ -496,6 +496,7 @@ def test_start_warns_once_naming_each_not_implemented_key(
 # One invalid value per parser; a new parser needs one here before its keys are covered.
 INVALID_BY_PARSER = {
     "_dialect": "oracle",
+    "_log_format": "xml",
     "_non_empty": "",
     "_non_negative_int": "-1",
     "_positive_int": "0",

@@ -281,3 +281,44 @@ async def test_callbacks_to_metadata_addresses_are_refused(
     finally:
         await poster.close()
     assert answer.status is None and "link-local" in (answer.error or "")
+
+
+async def test_a_rate_limit_is_never_exceeded(http: httpx.AsyncClient, receiver: Receiver) -> None:
+    """rateLimit=5: twenty deliveries take about four seconds (a second's burst of five, then
+    five a second), whatever else the dispatcher could do."""
+    await setup_push(http, receiver.url + "/hook")
+    await put_consumer(http, "k1", callbackUrl=receiver.url + "/hook", rateLimit="5")
+    await asyncio.sleep(1.1)  # the dispatcher reads the setting
+    for n in range(20):
+        await publish(http, b"x", f"r{n}")
+    await until(lambda: receiver.count("/hook") == 20, within=20)
+    with receiver.lock:
+        times = sorted(r.at for r in receiver.requests)
+    # Any window of one second holds at most the burst plus one second's tokens.
+    for i, start in enumerate(times):
+        within_a_second = sum(1 for t in times[i:] if t - start < 1.0)
+        assert within_a_second <= 10, (i, within_a_second)
+    assert times[-1] - times[0] >= 2.5, times[-1] - times[0]
+
+
+async def test_push_outcomes_are_counted_in_metrics(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    receiver.respond = lambda _path, n: (
+        (429, 0.0, {"Retry-After": "1"}) if n == 1 else (500, 0.0) if n == 2 else (200, 0.0)
+    )
+    await setup_push(http, receiver.url + "/hook")
+    await publish(http, b"a", "a")
+    await until(lambda: receiver.count("/hook") >= 2)
+    await publish(http, b"b", "b")
+    await until(lambda: receiver.count("/hook") >= 3, within=20)
+    await wait_for_status(http, "b", "DELIVERED")
+    text = (await http.get("/metrics")).text
+    counted = {
+        outcome: float(line.rsplit(" ", 1)[1])
+        for outcome in ("delivered", "deferred", "failed")
+        for line in text.splitlines()
+        if line.startswith(f'webhook_broker_push_deliveries_total{{outcome="{outcome}"}}')
+    }
+    assert counted["deferred"] == 1 and counted["failed"] == 1 and counted["delivered"] >= 1
+    assert "webhook_broker_push_delivery_duration_seconds_count" in text

@@ -12,7 +12,7 @@ import pytest
 
 from app.api.app import create_app
 from app.config import Config, LogConfig, load_config_text
-from app.logging import setup_logging
+from app.logging import NOISY, setup_logging
 from app.runtime import Runtime
 from bench.pg import free_port
 from tests.helpers_api import FORM_TYPE, publish_headers, put_form
@@ -235,15 +235,7 @@ async def test_no_get_response_or_log_line_holds_a_token(
     assert find_secrets(caplog.text, secrets) == []
 
 
-NOISY_LOGGERS = (
-    "sqlalchemy",
-    "aiosqlite",
-    "psycopg",
-    "httpcore",
-    "httpx",
-    "asyncio",
-    *BROKER_LOGGERS,
-)
+NOISY_LOGGERS = (*NOISY, *BROKER_LOGGERS)
 
 
 @contextmanager
@@ -310,7 +302,10 @@ async def test_status_reports_a_reachable_database(
 ) -> None:
     r = await client.get("/_status")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "database": {"dialect": backend, "status": "ok"}}
+    assert r.json() == {
+        "status": "ok",
+        "database": {"dialect": backend, "status": "ok", "schema": "current"},
+    }
     assert config.database.connection_url not in r.text
     assert find_secrets(r.text, [*SEEDED.values(), ADMIN]) == []
 

@@ -9,8 +9,14 @@ import logging
 import re
 import time
 import uuid
+from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class RequestMetrics(Protocol):
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None: ...
+
 
 HEADER = b"x-request-id"
 # What a client may choose as its id: it is written to the log as it is.
@@ -23,6 +29,22 @@ def request_id(given: bytes | None) -> str:
     if given is not None and _GIVEN.match(given):
         return given.decode("ascii")
     return uuid.uuid4().hex
+
+
+def _metrics(scope: Scope) -> RequestMetrics | None:
+    """The runtime's metrics (the runtime may be made after the middleware, by the lifespan)."""
+    runtime = getattr(getattr(scope.get("app"), "state", None), "runtime", None)
+    return getattr(runtime, "metrics", None)
+
+
+def _ids(scope: Scope) -> dict[str, str]:
+    """The channel and consumer a request was about (path parameters), for the log line."""
+    params = scope.get("path_params") or {}
+    return {
+        f"{name}_id": str(params[f"{name}_id"])
+        for name in ("channel", "consumer")
+        if f"{name}_id" in params
+    }
 
 
 class RequestIds:
@@ -50,11 +72,25 @@ class RequestIds:
         try:
             await self._app(scope, receive, sending)
         finally:
+            seconds = time.perf_counter() - started
             log.info(
                 "%s %s %s %d %.1fms",
                 rid,
                 scope["method"],
                 scope["path"],
                 status,
-                (time.perf_counter() - started) * 1000,
+                seconds * 1000,
+                extra={
+                    "request_id": rid,
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round(seconds * 1000, 1),
+                    **_ids(scope),
+                },
             )
+            metrics = _metrics(scope)
+            if metrics is not None:
+                # The route's template, never the path itself: ids would make a series each.
+                route = getattr(scope.get("route"), "path", None) or "unmatched"
+                metrics.observe_request(scope["method"], route, status, seconds)

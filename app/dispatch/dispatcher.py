@@ -16,6 +16,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from app.dispatch.flow import Lane, retry_after_seconds
@@ -85,6 +86,19 @@ def delivery_headers(
     return headers
 
 
+def outcome_of(answer: Answer) -> str:
+    status = answer.status
+    if status is not None and 200 <= status < 300:
+        return "delivered"
+    if status in PUSHED_BACK and retry_after_seconds(answer.retry_after) is not None:
+        return "deferred"
+    if status == 410:
+        return "gone"
+    if status is None and answer.error and "link-local" in answer.error:
+        return "refused"
+    return "failed"
+
+
 class Dispatcher:
     """At most `max_workers` deliveries in flight; idle, it queries no more often than needed."""
 
@@ -100,7 +114,9 @@ class Dispatcher:
         idle_seconds: float,
         token_header: str,
         user_agent: str,
+        observe: Callable[[str, float], None] = lambda _outcome, _seconds: None,
     ) -> None:
+        self._observe = observe
         self._push = push
         self._signals = signals
         self._poster = poster
@@ -290,10 +306,12 @@ class Dispatcher:
         headers = delivery_headers(
             job, token_header=self._token_header, user_agent=self._user_agent
         )
+        started = time.perf_counter()
         try:
             answer = await self._poster.post(job.consumer.callback_url, job.job.payload, headers)
         finally:
             lane.ended()
+        self._observe(outcome_of(answer), time.perf_counter() - started)
         try:
             await self._outcome(job, lane, answer)
         except Exception:

@@ -1,4 +1,5 @@
-"""Health: whether the database answers, for `/_status`."""
+"""Health: whether the database answers and its schema is current, for `/_status` and
+`/_ready`."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from app.store.db import Database
 
 
 class HealthService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, heads: frozenset[str] = frozenset()) -> None:
         self._db = db
+        self._heads = heads
 
     async def database(self) -> str:
         """ "ok", or "unreachable: <error type>" (never the error's text, which may hold the
@@ -17,3 +19,14 @@ class HealthService:
         except Exception as exc:  # any driver failure means "unreachable" to a health check
             return f"unreachable: {type(exc).__name__}"
         return "ok"
+
+    async def schema(self) -> str:
+        """ "current"; "not current: ..." (the database's revisions and this code's: run
+        `webhook-broker migrate`, or deploy the newer code); or "unknown: <error type>"."""
+        try:
+            at = await self._db.schema_revisions()
+        except Exception as exc:  # no table yet, or no database: not current either way
+            return f"unknown: {type(exc).__name__}"
+        if at == self._heads:
+            return "current"
+        return f"not current: database at {sorted(at)}, this code at {sorted(self._heads)}"

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import Consumer, ConsumerType, PulledJob, PushState
-from app.store.db import Database
+from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.push_state import PushStateStore
 from app.store.queue import Named, Queue
@@ -114,27 +114,24 @@ class PushService:
         """The receiver asked for time (429/503 Retry-After): back to QUEUED, due then, no
         retry counted."""
         async with self._db.transaction() as tx:
-            moved = await JobStore(tx).fail(
-                job.consumer.pk,
-                [(job.job.id, job.job.attempt)],
-                self._policy,
-                delay=seconds,
-                reason=note,
-                last_error=note,
-                counted=False,
-            )
-        return bool(moved)
+            return await self._hand_back(tx, job, note, seconds)
 
     async def gone(self, job: PushJob, note: str) -> bool:
         """410 Gone: push off for the consumer (its jobs stay QUEUED), this job handed back
         uncounted. True when this answer disabled it."""
         async with self._db.transaction() as tx:
-            await JobStore(tx).fail(
-                job.consumer.pk,
-                [(job.job.id, job.job.attempt)],
-                self._policy,
-                reason=note,
-                last_error=note,
-                counted=False,
-            )
+            await self._hand_back(tx, job, note, None)
             return await PushStateStore(tx).disable(job.consumer.pk, note)
+
+    async def _hand_back(self, tx: Tx, job: PushJob, note: str, delay: float | None) -> bool:
+        """INFLIGHT -> QUEUED, due after `delay` (or at once), its retries untouched."""
+        moved = await JobStore(tx).fail(
+            job.consumer.pk,
+            [(job.job.id, job.job.attempt)],
+            self._policy,
+            delay=delay,
+            reason=note,
+            last_error=note,
+            counted=False,
+        )
+        return bool(moved)

@@ -243,6 +243,10 @@ class PullScheduler:
         queue = self._queues.get(consumer_pk)
         return len(queue.waiters) if queue is not None and not queue.finished else 0
 
+    def waiting_total(self) -> int:
+        """Requests waiting in this process, over every consumer."""
+        return sum(self.waiting(pk) for pk in self._queues)
+
     def full(self, consumer_pk: int) -> bool:
         """As many requests wait on this consumer as may (max_waiting, across the process)."""
         return self.waiting(consumer_pk) >= self.max_waiting

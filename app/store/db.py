@@ -135,6 +135,12 @@ class Database:
         async with self.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
 
+    async def schema_revisions(self) -> frozenset[str]:
+        """The Alembic revisions the database is at (empty before the first migration)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(text("SELECT version_num FROM alembic_version"))
+            return frozenset(str(row[0]) for row in rows)
+
     async def dispose(self) -> None:
         await self.engine.dispose()
 

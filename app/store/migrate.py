@@ -6,6 +6,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
+from alembic.script import ScriptDirectory
 
 from app.config import DatabaseConfig
 
@@ -35,3 +36,8 @@ def alembic_config(config: DatabaseConfig) -> AlembicConfig:
 
 def upgrade(config: DatabaseConfig, revision: str = "heads") -> None:
     command.upgrade(alembic_config(config), revision)
+
+
+def head_revisions(config: DatabaseConfig) -> frozenset[str]:
+    """The revisions a current schema is at (read from the migration scripts)."""
+    return frozenset(ScriptDirectory.from_config(alembic_config(config)).get_heads())

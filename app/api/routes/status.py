@@ -1,24 +1,50 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from app.api import views
 from app.api.deps import RuntimeDep
 from app.api.responses import JSONResponse
+from app.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["status"])
 
 
 @router.get("/_status")
 async def status(rt: RuntimeDep) -> JSONResponse:
-    """Liveness plus database reachability; never reports configuration secrets."""
+    """Liveness plus database reachability and schema; never reports configuration secrets."""
     database = await rt.health.database()
     healthy = database == "ok"
     body = {
         "status": "ok" if healthy else "degraded",
-        "database": {"dialect": rt.config.database.dialect, "status": database},
+        "database": {
+            "dialect": rt.config.database.dialect,
+            "status": database,
+            "schema": await rt.health.schema() if healthy else "unknown",
+        },
     }
     return JSONResponse(body, status_code=200 if healthy else 503)
+
+
+@router.get("/_ready")
+async def ready(rt: RuntimeDep) -> JSONResponse:
+    """Ready for work: the database answers, its schema is current, and the process is not
+    draining (503 otherwise, with the reason)."""
+    database = await rt.health.database()
+    schema = await rt.health.schema() if database == "ok" else "unknown"
+    reasons = [
+        *([] if database == "ok" else [f"database {database}"]),
+        *([] if schema == "current" or database != "ok" else [f"schema {schema}"]),
+        *(["draining"] if rt.draining else []),
+    ]
+    body = {"ready": not reasons, "reasons": reasons}
+    return JSONResponse(body, status_code=503 if reasons else 200)
+
+
+@router.get("/metrics")
+async def metrics(rt: RuntimeDep) -> Response:
+    """Prometheus text format (app/metrics.py says what is there)."""
+    return Response(await rt.scrape(), media_type=CONTENT_TYPE)
 
 
 @router.get("/job-status")

@@ -1,0 +1,140 @@
+"""Prometheus metrics of one process (`GET /metrics`).
+
+Built by the composition root (app/runtime.py) with a registry of its own, so two runtimes in
+one process (tests) never share series. Job counts come from the trigger-kept counters
+(app/store/job_counts.py), read at most once per JOBS_FOR seconds however often Prometheus
+scrapes: a scrape never counts job rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.domain.models import Breaker, StatusCount
+from app.services.push import PushTarget
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+JOBS_FOR = 5.0  # seconds a read of the counters serves scrapes
+STATUSES = ("QUEUED", "INFLIGHT", "DELIVERED", "DEAD")
+
+
+class Snapshot(Collector):
+    """Series read from the database, as of the last refresh."""
+
+    def __init__(self, waiting: Callable[[], int]) -> None:
+        self.counts: Sequence[StatusCount] = ()
+        self.targets: Sequence[PushTarget] = ()
+        self.read_at = 0.0
+        self._waiting = waiting
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily(
+            "webhook_broker_jobs",
+            "Jobs by channel, consumer and status (from the trigger-kept counters).",
+            labels=["channel", "consumer", "status"],
+        )
+        oldest = GaugeMetricFamily(
+            "webhook_broker_oldest_queued_job_age_seconds",
+            "Age of the consumer's oldest QUEUED job (scheduled ones included).",
+            labels=["channel", "consumer"],
+        )
+        now = datetime.now(UTC)
+        seen: set[tuple[str, str]] = set()
+        for c in self.counts:
+            seen.add((c.channel_id, c.consumer_id))
+            jobs.add_metric([c.channel_id, c.consumer_id, c.status], c.count)
+            if c.status == "QUEUED" and c.oldest is not None:
+                age = max(0.0, (now - c.oldest).total_seconds())
+                oldest.add_metric([c.channel_id, c.consumer_id], age)
+        yield jobs
+        yield oldest
+        breaker = GaugeMetricFamily(
+            "webhook_broker_push_breaker_open",
+            "1 while a push consumer's circuit breaker is open or probing, else 0.",
+            labels=["channel", "consumer"],
+        )
+        disabled = GaugeMetricFamily(
+            "webhook_broker_push_disabled",
+            "1 while push is off for a consumer (a 410, or a PUT with enabled=false).",
+            labels=["channel", "consumer"],
+        )
+        for t in self.targets:
+            labels = [t.consumer.channel_id, t.consumer.id]
+            breaker.add_metric(labels, 0 if t.state.breaker is Breaker.CLOSED else 1)
+            disabled.add_metric(labels, 0 if t.state.disabled_at is None else 1)
+        yield breaker
+        yield disabled
+        waiting = GaugeMetricFamily(
+            "webhook_broker_pulls_waiting",
+            "Long polls and streaming pulls waiting for jobs in this process.",
+        )
+        waiting.add_metric([], self._waiting())
+        yield waiting
+
+
+class Metrics:
+    def __init__(self, waiting: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.snapshot = Snapshot(waiting)
+        self.registry.register(self.snapshot)
+        self.requests = Counter(
+            "webhook_broker_http_requests",
+            "HTTP requests answered, by method, route and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "webhook_broker_http_request_duration_seconds",
+            "Time to answer an HTTP request (a long poll's wait included), by route.",
+            ["method", "route"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+
+        self.push_deliveries = Counter(
+            "webhook_broker_push_deliveries",
+            "Push deliveries by outcome: delivered, failed, deferred (429/503 with Retry-After),"
+            " gone (410), refused (a link-local callback).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.push_seconds = Histogram(
+            "webhook_broker_push_delivery_duration_seconds",
+            "Time from sending a push to its answer (or failure).",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+
+    def pushed(self, outcome: str, seconds: float) -> None:
+        self.push_deliveries.labels(outcome).inc()
+        self.push_seconds.observe(seconds)
+
+    def stale(self) -> bool:
+        return time.monotonic() - self.snapshot.read_at >= JOBS_FOR
+
+    def refreshed(self, counts: Sequence[StatusCount], targets: Sequence[PushTarget]) -> None:
+        self.snapshot.counts = counts
+        self.snapshot.targets = targets
+        self.snapshot.read_at = time.monotonic()
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.request_seconds.labels(method, route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,148 @@
+"""`GET /metrics` after a scripted workload: the job series equal the rows, requests are counted
+by route template, waiting pulls show, and a scrape within the refresh interval reads nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
+
+from app import metrics as metrics_module
+from app.runtime import Runtime
+from app.store.migrate import head_revisions
+from tests.helpers_pull import (
+    CHANNEL,
+    consumer_pk,
+    publish,
+    pull,
+    pull_jobs,
+    put_consumer,
+    setup_channel,
+    status_counts,
+    until_waiting,
+)
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = await client.get("/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(r.text)
+        for sample in family.samples
+    }
+
+
+def jobs_of(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], consumer: str
+) -> dict[str, float]:
+    return {
+        dict(labels)["status"]: value
+        for (name, labels), value in samples.items()
+        if name == "webhook_broker_jobs" and dict(labels)["consumer"] == consumer
+    }
+
+
+async def test_metrics_after_a_workload(
+    client: httpx.AsyncClient, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    k1, k2 = await setup_channel(client, "k1", "k2")
+    for n in range(6):
+        await publish(client, f"m{n}")
+    jobs = await pull_jobs(client, k1, batch=3)
+    acks = [{"id": jobs[0]["ID"], "type": "ack"}, {"id": jobs[1]["ID"], "type": "term"}]
+    r = await client.post(f"{k1.base}/ack", json={"acks": acks}, headers=k1.auth)
+    assert r.status_code == 200, r.text
+    runtime.metrics.snapshot.read_at = 0.0  # the counters are read again at the next scrape
+
+    samples = await scrape(client)
+    assert jobs_of(samples, "k1") == {"QUEUED": 3, "INFLIGHT": 1, "DELIVERED": 1, "DEAD": 1}
+    assert jobs_of(samples, "k2") == {"QUEUED": 6}
+    rows = await status_counts(runtime)
+    assert sum(v for (n, _), v in samples.items() if n == "webhook_broker_jobs") == sum(
+        rows.values()
+    )
+    oldest = samples[
+        (
+            "webhook_broker_oldest_queued_job_age_seconds",
+            (("channel", CHANNEL), ("consumer", "k2")),
+        )
+    ]
+    assert 0 <= oldest < 60
+    pull_route = "/channel/{channel_id}/consumer/{consumer_id}/pull"
+    assert (
+        samples[
+            (
+                "webhook_broker_http_requests_total",
+                (("method", "POST"), ("route", pull_route), ("status", "200")),
+            )
+        ]
+        == 1
+    )
+    assert (
+        "webhook_broker_http_request_duration_seconds_count",
+        (("method", "POST"), ("route", pull_route)),
+    ) in samples
+    assert ("process_cpu_seconds_total", ()) in samples
+
+    # A long poll waiting shows; the job counts are not read again within the interval.
+    k3 = await put_consumer(client, "k3")  # made after the publishes: nothing queued
+    waiting = asyncio.create_task(pull(client, k3, batch=10, expires=30))
+    await until_waiting(runtime, await consumer_pk(runtime, "k3"))
+    reads = 0
+    original = runtime.job_status.by_consumer
+
+    async def counted() -> object:
+        nonlocal reads
+        reads += 1
+        return await original()
+
+    monkeypatch.setattr(runtime.job_status, "by_consumer", counted)
+    samples = await scrape(client)
+    assert samples[("webhook_broker_pulls_waiting", ())] >= 1
+    assert reads == 0 and metrics_module.JOBS_FOR >= 1
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+
+
+async def test_ready_and_status_say_whether_the_schema_is_current(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    status = (await client.get("/_status")).json()
+    assert status["database"]["schema"] == "current"
+    ready = await client.get("/_ready")
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "reasons": []}
+
+    async with runtime.db.transaction() as tx:
+        await tx.conn.execute(
+            text(
+                "UPDATE alembic_version SET version_num = '0006_job_counts'"
+                " WHERE version_num = '0007_push_controls'"
+            )
+        )
+    ready = await client.get("/_ready")
+    assert ready.status_code == 503
+    assert ready.json()["reasons"][0].startswith("schema not current")
+    assert (await client.get("/_status")).status_code == 200  # alive, just not ready
+    async with runtime.db.transaction() as tx:
+        await tx.conn.execute(
+            text(
+                "UPDATE alembic_version SET version_num = '0007_push_controls'"
+                " WHERE version_num = '0006_job_counts'"
+            )
+        )
+    assert "0007_push_controls" in head_revisions(runtime.config.database)
+    assert (await client.get("/_ready")).status_code == 200
+
+
+async def test_ready_fails_while_draining(client: httpx.AsyncClient, runtime: Runtime) -> None:
+    assert (await client.get("/_ready")).status_code == 200
+    runtime.begin_draining()
+    ready = await client.get("/_ready")
+    assert ready.status_code == 503 and ready.json()["reasons"] == ["draining"]
