@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -171,6 +172,17 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     return 0 if server.started else 1
 
 
+def stopping(stop: asyncio.Event, command: str, config: Config) -> None:
+    """The first stop signal drains (within a bound it logs); a second exits at once."""
+    if stop.is_set():
+        log.warning("%s: second stop signal, exiting now", command)
+        os._exit(1)
+    # Deliveries in flight end within the HTTP timeout; the runtime gives its tasks 10 s more.
+    bound = config.consumer_connection.connection_timeout_seconds + 10
+    log.info("%s stopping: work in flight ends within %d s", command, bound)
+    stop.set()
+
+
 async def run_worker(config: Config, command: str) -> int:
     """A background process (sweeper or dispatcher) that runs until SIGTERM or SIGINT."""
     from app.runtime import Runtime
@@ -185,7 +197,7 @@ async def run_worker(config: Config, command: str) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping, stop, command, config)
     await runtime.start(seed=False)
     freeze_heap()
     log.info("%s running", command)
@@ -203,7 +215,7 @@ async def run_bridge(config: Config) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping, stop, "bridge", config)
     await runtime.start(seed=False)
     freeze_heap()
     try:

@@ -38,7 +38,7 @@ class Snapshot(Collector):
         self.counts: Sequence[StatusCount] = ()
         self.targets: Sequence[PushTarget] = ()
         self.read_at = 0.0
-        self._waiting = waiting
+        self.waiting = waiting
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily(
@@ -81,16 +81,16 @@ class Snapshot(Collector):
             "webhook_broker_pulls_waiting",
             "Long polls and streaming pulls waiting for jobs in this process.",
         )
-        waiting.add_metric([], self._waiting())
+        waiting.add_metric([], self.waiting())
         yield waiting
 
 
 class Metrics:
-    def __init__(self, waiting: Callable[[], int]) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
-        self.snapshot = Snapshot(waiting)
+        self.snapshot = Snapshot(lambda: 0)
         self.registry.register(self.snapshot)
         self.requests = Counter(
             "webhook_broker_http_requests",
@@ -119,6 +119,21 @@ class Metrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
+
+        self.transitions = Counter(
+            "webhook_broker_transitions",
+            "Job transitions made by this process, by kind: publish (jobs made), claim, ack,"
+            " nak, term, progress, lease_expiry_requeue, dead_letter, redrive.",
+            ["kind"],
+            registry=self.registry,
+        )
+
+    def watch_waiting(self, waiting: Callable[[], int]) -> None:
+        self.snapshot.waiting = waiting
+
+    def transition(self, kind: str, count: int) -> None:
+        if count:
+            self.transitions.labels(kind).inc(count)
 
     def pushed(self, outcome: str, seconds: float) -> None:
         self.push_deliveries.labels(outcome).inc()

@@ -60,7 +60,8 @@ class Runtime:
     def __post_init__(self) -> None:
         config = self.config
         self.db = Database.from_config(config.database, waker=self.signals)
-        self.queue = Queue(self.db)
+        self.metrics = Metrics()
+        self.queue = Queue(self.db, self.metrics.transition)
         ack_wait = config.default_ack_wait_seconds
         self.admin = AdminService(self.db, config.push.signing_secret_overlap_seconds)
         # JetStream advisories: published once a NATS publisher is attached (see start()).
@@ -75,7 +76,7 @@ class Runtime:
         self.messages = MessageQueries(self.db)
         self.health = HealthService(self.db, head_revisions(config.database))
         self.job_status = JobStatusQueries(self.db)
-        self.redrives = RedriveService(self.db)
+        self.redrives = RedriveService(self.db, self.metrics.transition)
         self.claims = ClaimSource(self.db, self.queue, ack_wait, self.advisories)
         # One scheduler for every waiting pull of the process: HTTP long polls and the NATS
         # bridge's requests share max_waiting and each consumer's claims.
@@ -98,11 +99,20 @@ class Runtime:
             ),
         )
         self.acks = AckService(
-            self.db, self.queue, config.broker.retry_policy, ack_wait, config.pull.max_batch
+            self.db,
+            self.queue,
+            config.broker.retry_policy,
+            ack_wait,
+            config.pull.max_batch,
+            self.metrics.transition,
         )
         self.seed_jobs = SeedJobService(self.db, self.queue, ack_wait)
         self.sweeps = SweepService(
-            self.db, config.broker.retry_policy, config.pull.sweep_batch_size, self.advisories
+            self.db,
+            config.broker.retry_policy,
+            config.pull.sweep_batch_size,
+            self.advisories,
+            self.metrics.transition,
         )
         self.push = PushService(
             self.db,
@@ -111,7 +121,7 @@ class Runtime:
             ack_wait,
             BreakerSettings(config.push.breaker_failures, config.push.breaker_cooldown_seconds),
         )
-        self.metrics = Metrics(self.scheduler.waiting_total)
+        self.metrics.watch_waiting(self.scheduler.waiting_total)
         self._draining = False
         self.listener: NotifyListener | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []

@@ -17,6 +17,7 @@ from app.store.migrate import head_revisions
 from tests.helpers_pull import (
     CHANNEL,
     consumer_pk,
+    expire_leases,
     publish,
     pull,
     pull_jobs,
@@ -89,6 +90,12 @@ async def test_metrics_after_a_workload(
         (("method", "POST"), ("route", pull_route)),
     ) in samples
     assert ("process_cpu_seconds_total", ()) in samples
+    transitions = {
+        dict(labels)["kind"]: value
+        for (name, labels), value in samples.items()
+        if name == "webhook_broker_transitions_total"
+    }
+    assert transitions == {"publish": 12, "claim": 3, "ack": 1, "term": 1}
 
     # A long poll waiting shows; the job counts are not read again within the interval.
     k3 = await put_consumer(client, "k3")  # made after the publishes: nothing queued
@@ -146,3 +153,17 @@ async def test_ready_fails_while_draining(client: httpx.AsyncClient, runtime: Ru
     runtime.begin_draining()
     ready = await client.get("/_ready")
     assert ready.status_code == 503 and ready.json()["reasons"] == ["draining"]
+
+
+async def test_lease_expiries_and_redrives_are_counted(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client, "k1")
+    for n in range(3):
+        await publish(client, f"m{n}")
+    jobs = await pull_jobs(client, k1, batch=2)
+    await expire_leases(runtime, [j["ID"] for j in jobs])
+    assert await runtime.sweeps.sweep_once() == 2
+    samples = await scrape(client)
+    assert samples[("webhook_broker_transitions_total", (("kind", "lease_expiry_requeue"),))] == 2
+    assert ("webhook_broker_transitions_total", (("kind", "dead_letter"),)) not in samples

@@ -55,6 +55,10 @@ def spawn(config_file: Path, command: str) -> subprocess.Popen[bytes]:
     )
 
 
+def dispatcher_log(directory: Path) -> str:
+    return next(directory.glob("dispatcher-*.log")).read_text()
+
+
 def delivered(url: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM job WHERE status = 'DELIVERED'").fetchone()
@@ -108,3 +112,48 @@ async def test_sigkill_mid_delivery_loses_nothing(
     assert set(received) == {f"m{n}" for n in range(JOBS)}
     duplicates = sum(received.values()) - JOBS
     print(f"\nkill test: {at_kill} delivered at the kill, {duplicates} duplicate deliveries")
+
+
+async def test_sigterm_drains_and_a_second_signal_exits_at_once(
+    rdbms: str,
+    extra_config: str,
+    runtime: Runtime,
+    config: Config,
+    receiver: Receiver,
+    tmp_path: Path,
+) -> None:
+    """A delivery hangs (the receiver answers after 20 s, past a 15 s timeout): SIGTERM waits
+    for it and says for how long; a second SIGTERM ends the process at once (status 1), and
+    the job's lease is there for the sweeper."""
+    from app.api.app import create_app
+
+    receiver.respond = lambda _path, _n: (200, 20.0)
+    transport = httpx.ASGITransport(app=create_app(config, runtime))
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+        await setup_push(http, receiver.url + "/hook")
+        await publish(http, b"slow", "slow")
+    config_file = tmp_path / "webhook-broker.cfg"
+    config_file.write_text(
+        rdbms
+        + extra_config.replace(
+            "connection-timeout-in-seconds=1", "connection-timeout-in-seconds=15"
+        )
+    )
+    dispatcher = spawn(config_file, "dispatcher")
+    deadline = time.monotonic() + 30
+    while not receiver.count("/hook") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert receiver.count("/hook") == 1
+    dispatcher.send_signal(signal.SIGTERM)
+    await asyncio.sleep(1.0)
+    assert dispatcher.poll() is None, "the first signal drains: the delivery is still in flight"
+    started = time.monotonic()
+    dispatcher.send_signal(signal.SIGTERM)
+    assert dispatcher.wait(timeout=5) == 1
+    assert time.monotonic() - started < 5
+    log = dispatcher_log(tmp_path)
+    assert "dispatcher stopping: work in flight ends within 25 s" in log
+    assert "second stop signal, exiting now" in log
+    with psycopg.connect(config.database.connection_url) as conn:
+        row = conn.execute("SELECT status FROM job").fetchone()
+    assert row is not None and row[0] == "INFLIGHT"  # leased: the sweeper gives it back

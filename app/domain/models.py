@@ -8,6 +8,7 @@ dataclass sets each field through object.__setattr__).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, NamedTuple, TypeVar
@@ -232,3 +233,13 @@ class Redrive:
     def chunk(self) -> int:
         """Jobs per step: a tenth of a second's worth (at most 1,000 per statement)."""
         return max(1, min(1000, -(-self.per_second // 10)))
+
+
+# Told of each batch of job transitions as it happens: (kind, how many jobs). Kinds: publish,
+# claim, ack, nak, term, progress, lease_expiry_requeue, dead_letter, redrive. The metrics
+# count them (app/metrics.py); nothing else depends on it.
+Observe = Callable[[str, int], None]
+
+
+def ignore(kind: str, count: int) -> None:
+    """The observer of a part built without metrics."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from app.domain.errors import Conflict, InvalidInput, NotFound
 from app.domain.jobs import AckType, JobStatus, RetryPolicy
-from app.domain.models import Consumer, Job
+from app.domain.models import Consumer, Job, Observe, ignore
 from app.domain.pulls import AckItem, AckOutcome, AckResult, ConsumerCredentials, parse_job_id
 from app.services.auth import pull_consumer
 from app.store.db import Database, Tx
@@ -39,7 +39,9 @@ class AckService:
         policy: RetryPolicy,
         default_ack_wait: int,
         max_batch: int,
+        observe: Observe = ignore,
     ) -> None:
+        self._observe = observe
         self._db = db
         self._queue = queue
         self._policy = policy
@@ -151,6 +153,11 @@ class AckService:
             else:
                 ack_wait = consumer.ack_wait(self._default_ack_wait)
                 changed = await store.extend(consumer.pk, targets, ack_wait)
+            if changed:
+                self._observe(kind.value, len(changed))
+                if kind is AckType.NAK:
+                    dead = sum(1 for j in changed if j.status is JobStatus.DEAD)
+                    self._observe("dead_letter", dead)
             result = AckResult.EXTENDED if kind is AckType.PROGRESS else DONE
             for j in changed:
                 outcomes[j.id] = AckOutcome(j.id, result, "", j.lease_expires_at)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from app.domain.errors import Conflict, NotFound
-from app.domain.models import Consumer, Redrive
+from app.domain.models import Consumer, Observe, Redrive, ignore
 from app.domain.pulls import ConsumerCredentials
 from app.domain.redrives import RedriveRequest
 from app.services.auth import pull_consumer
@@ -22,8 +22,9 @@ IDLE_LOOK = 1.0  # seconds between looks for new redrives when none runs
 
 
 class RedriveService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, observe: Observe = ignore) -> None:
         self._db = db
+        self._observe = observe
 
     async def _consumer(self, tx: Tx, creds: ConsumerCredentials) -> Consumer:
         return await pull_consumer(tx, creds, require_pull=False)  # push ones have dead letters
@@ -98,4 +99,6 @@ class RedriveService:
             await store.advance(due.id, cursor, len(moved), done=done)
             if moved:
                 tx.announce([due.consumer_pk])
-            return 0.0
+        if moved:
+            self._observe("redrive", len(moved))
+        return 0.0

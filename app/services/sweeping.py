@@ -7,7 +7,7 @@ from datetime import datetime
 
 from app.domain import advisories
 from app.domain.jobs import JobStatus, RetryPolicy
-from app.domain.models import Job
+from app.domain.models import Job, Observe, ignore
 from app.services.advisories import Advisories
 from app.services.pinning import PinService
 from app.store import upkeep
@@ -32,7 +32,9 @@ class SweepService:
         policy: RetryPolicy,
         batch_size: int,
         advisories: Advisories | None = None,
+        observe: Observe = ignore,
     ) -> None:
+        self._observe = observe
         self._db = db
         self._policy = policy
         self._batch = batch_size
@@ -45,6 +47,9 @@ class SweepService:
             moved = await JobStore(tx).requeue_expired(self._policy, self._batch)
             tx.announce({j.consumer_pk for j in moved})
         dead = [j for j in moved if j.status is JobStatus.DEAD]
+        if moved:
+            self._observe("lease_expiry_requeue", len(moved) - len(dead))
+            self._observe("dead_letter", len(dead))
         if dead and self._advisories.attached:
             await self._advise_dead(dead)
         return len(moved)

@@ -32,7 +32,7 @@ from sqlalchemy.engine import Row
 
 from app.domain.errors import Conflict
 from app.domain.jobs import JobStatus
-from app.domain.models import ConsumerType, Message, PulledJob
+from app.domain.models import ConsumerType, Message, Observe, PulledJob, ignore
 from app.store.bridge import BridgeStore
 from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Tx
 from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED, JobStore
@@ -341,11 +341,53 @@ class Queue:
     """Publish, claim and ack on either database; `tx` runs a statement inside a transaction
     the caller holds (None: on its own)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, observe: Observe = ignore) -> None:
         self._db = db
         self._postgres = db.dialect == "postgresql"
+        self._observe = observe  # (transition kind, jobs): the metrics' count of each
 
     async def publish(self, new: NewMessage) -> Published | None:
+        published = await self._publish(new)
+        if published is not None:
+            self._observe("publish", len(published.consumer_pks))
+        return published
+
+    async def claim(
+        self,
+        named: Named,
+        *,
+        limit: int,
+        default_ack_wait: int,
+        incremental_timeout: int = 0,
+        max_bytes: int | None = None,
+        max_ack_pending: int | None = None,
+        numbered: bool = False,
+        tx: Tx | None = None,
+    ) -> Claimed:
+        """Lease up to `limit` due jobs (see _claim)."""
+        claimed = await self._claim(
+            named,
+            limit=limit,
+            default_ack_wait=default_ack_wait,
+            incremental_timeout=incremental_timeout,
+            max_bytes=max_bytes,
+            max_ack_pending=max_ack_pending,
+            numbered=numbered,
+            tx=tx,
+        )
+        if claimed.jobs:
+            self._observe("claim", len(claimed.jobs))
+        return claimed
+
+    async def ack(
+        self, named: Named, targets: Sequence[tuple[int, int | None]], tx: Tx | None = None
+    ) -> set[int]:
+        acked = await self._ack(named, targets, tx)
+        if acked:
+            self._observe("ack", len(acked))
+        return acked
+
+    async def _publish(self, new: NewMessage) -> Published | None:
         """The message and its jobs, or None: bad credentials or a repeated message id."""
         if not self._postgres:
             async with self._db.transaction() as tx:
@@ -387,7 +429,7 @@ class Queue:
         )
         return Published(message, list(consumer_pks))
 
-    async def claim(
+    async def _claim(
         self,
         named: Named,
         *,
@@ -406,7 +448,7 @@ class Queue:
         consumer row and counts its in-flight jobs in the same transaction first."""
         if max_ack_pending is not None and tx is None:
             async with self._db.transaction() as own:
-                return await self.claim(
+                return await self._claim(
                     named,
                     limit=limit,
                     default_ack_wait=default_ack_wait,
@@ -454,7 +496,7 @@ class Queue:
             sorted(row[-2] for row in rows) if numbered else [],
         )
 
-    async def ack(
+    async def _ack(
         self, named: Named, targets: Sequence[tuple[int, int | None]], tx: Tx | None = None
     ) -> set[int]:
         """INFLIGHT -> DELIVERED for (job id, attempt or None) pairs; the ids that moved."""
