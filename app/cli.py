@@ -10,13 +10,16 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli_client import CLIENT_COMMANDS, add_client_commands, run_client_command
 from app.config import Config, ConfigError, load_config
 from app.logging import setup_logging, warn_ignored_keys
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
 
 log = logging.getLogger("webhook_broker")
 
@@ -172,6 +175,15 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     return 0 if server.started else 1
 
 
+def serve_metrics(runtime: Runtime) -> Callable[[], None]:
+    """[metrics] listener: this worker's /metrics on its own port (nothing when unset)."""
+    listener = runtime.config.metrics.listener
+    if listener is None:
+        return lambda: None
+    log.info("metrics on http://%s:%d/metrics", *listener)
+    return runtime.metrics.serve(*listener)
+
+
 def stopping(stop: asyncio.Event, command: str, config: Config) -> None:
     """The first stop signal drains (within a bound it logs); a second exits at once."""
     if stop.is_set():
@@ -199,10 +211,12 @@ async def run_worker(config: Config, command: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping, stop, command, config)
     await runtime.start(seed=False)
+    stop_metrics = serve_metrics(runtime)
     freeze_heap()
     log.info("%s running", command)
     await stop.wait()
     await runtime.stop()
+    stop_metrics()
     return 0
 
 
@@ -217,11 +231,13 @@ async def run_bridge(config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping, stop, "bridge", config)
     await runtime.start(seed=False)
+    stop_metrics = serve_metrics(runtime)
     freeze_heap()
     try:
         await Bridge(runtime, config.nats).run(stop)
     finally:
         await runtime.stop()
+        stop_metrics()
     return 0
 
 

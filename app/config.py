@@ -117,6 +117,10 @@ def _listener(raw: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0", port)
 
 
+def _optional_listener(raw: str) -> tuple[str, int] | None:
+    return _listener(raw) if raw.strip() else None
+
+
 def _log_format(raw: str) -> str:
     value = raw.strip().lower()
     if value not in ("text", "json"):
@@ -466,6 +470,18 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "metrics",
+        (
+            Key(
+                "listener",
+                "",
+                _optional_listener,
+                "host:port where a sweeper, dispatcher or bridge process serves /metrics (empty:"
+                " none; API processes serve it on their HTTP port).",
+            ),
+        ),
+    ),
+    Section(
         "pull",
         (
             Key(
@@ -798,6 +814,11 @@ class ConsumerConnectionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    listener: tuple[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PushConfig:
     max_in_flight: int = 100
     retry_after_max_seconds: int = 3600
@@ -914,6 +935,7 @@ class Config:
     pull: PullConfig
     pipeline: PipelineConfig
     push: PushConfig = field(default_factory=PushConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     nats: NatsConfig = field(default_factory=lambda: NatsConfig())
     gateway_auth: GatewayAuthConfig = field(default_factory=GatewayAuthConfig)
     min_schedule_delay_minutes: int = 2
@@ -1087,6 +1109,7 @@ def _build(parser: configparser.ConfigParser) -> Config:
         consumer_connection=_fill(ConsumerConnectionConfig, values["consumer-connection"]),
         pull=_fill(PullConfig, values["pull"]),
         push=_fill(PushConfig, values["push"]),
+        metrics=_fill(MetricsConfig, values["metrics"]),
         pipeline=_fill(PipelineConfig, values["pipeline"]),
         nats=dataclasses.replace(_nats(values["nats"]), configured=parser.has_section("nats")),
         gateway_auth=_gateway_auth(values["gateway-auth"]),

@@ -19,6 +19,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     generate_latest,
+    start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -128,12 +129,23 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.sweeps = Histogram(
+            "webhook_broker_sweeper_run_duration_seconds",
+            "Sweeper runs (requeue of expired leases) and how long each took; its _count is"
+            " the runs (an alert fires when it stops growing).",
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+        )
+
     def watch_waiting(self, waiting: Callable[[], int]) -> None:
         self.snapshot.waiting = waiting
 
     def transition(self, kind: str, count: int) -> None:
         if count:
             self.transitions.labels(kind).inc(count)
+
+    def swept(self, seconds: float) -> None:
+        self.sweeps.observe(seconds)
 
     def pushed(self, outcome: str, seconds: float) -> None:
         self.push_deliveries.labels(outcome).inc()
@@ -150,6 +162,18 @@ class Metrics:
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
         self.request_seconds.labels(method, route).observe(seconds)
+
+    def serve(self, host: str, port: int) -> Callable[[], None]:
+        """/metrics on its own port, in a thread (processes without an HTTP API); returns the
+        function that stops it. The job series are the API processes' (they read the
+        database); here: this process's own."""
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            thread.join(timeout=5)
+
+        return stop
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -143,6 +143,7 @@ class Runtime:
                 self.config.broker.rational_delay_seconds,
                 vacuum_interval_seconds=self.config.pull.vacuum_interval_seconds,
                 vacuum_min_dead_jobs=self.config.pull.vacuum_min_dead_jobs,
+                observe_run=self.metrics.swept,
             )
             self._spawn(sweeper.run(self._stop), "sweeper")
             self._spawn(RedriveRunner(self.redrives).run(self._stop), "redrives")

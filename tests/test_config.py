@@ -497,6 +497,7 @@ def test_start_warns_once_naming_each_not_implemented_key(
 INVALID_BY_PARSER = {
     "_dialect": "oracle",
     "_log_format": "xml",
+    "_optional_listener": "nohost",
     "_non_empty": "",
     "_non_negative_int": "-1",
     "_positive_int": "0",

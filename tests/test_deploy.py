@@ -69,9 +69,20 @@ def test_ports_health_checks_and_scrape_targets_agree_with_the_config() -> None:
         if service["command"][0] in ("sweeper", "dispatcher", "bridge"):
             assert service["healthcheck"] == {"disable": True}, name
     prometheus = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
-    (job,) = prometheus["scrape_configs"]
-    assert job["metrics_path"] == "/metrics"
-    assert sorted(job["static_configs"][0]["targets"]) == [f"{n}:{port}" for n in apis]
+    api_job, worker_job = prometheus["scrape_configs"]
+    assert api_job["metrics_path"] == worker_job["metrics_path"] == "/metrics"
+    assert sorted(api_job["static_configs"][0]["targets"]) == [f"{n}:{port}" for n in apis]
+    # The workers serve /metrics on their [metrics] listener, set in their environment.
+    workers = sorted(
+        n for n, s in BROKER.items() if s["command"][0] in ("sweeper", "dispatcher", "bridge")
+    )
+    targets = []
+    for name in workers:
+        env = BROKER[name]["environment"]
+        worker = load_config_text((DEPLOY / "webhook-broker.cfg").read_text(), environ=env)
+        assert worker.metrics.listener is not None, name
+        targets.append(f"{name}:{worker.metrics.listener[1]}")
+    assert sorted(worker_job["static_configs"][0]["targets"]) == targets
 
 
 def test_alert_rules_name_metrics_that_exist() -> None:
@@ -79,7 +90,10 @@ def test_alert_rules_name_metrics_that_exist() -> None:
     rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"][0]["rules"]
     assert rules
     for rule in rules:
-        named = set(re.findall(r"webhook_broker_[a-z_]+", rule["expr"]))
+        named = {
+            re.sub(r"_(count|sum|bucket|total)$", "", name)
+            for name in re.findall(r"webhook_broker_[a-z_]+", rule["expr"])
+        }
         assert named and named <= served, (rule["alert"], named - served)
 
 

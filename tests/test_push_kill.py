@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from app.config import Config
 from app.runtime import Runtime
+from bench.pg import free_port
 from tests.receiver import Receiver, running_receiver
 from tests.test_push import publish, setup_push
 
@@ -157,3 +159,48 @@ async def test_sigterm_drains_and_a_second_signal_exits_at_once(
     with psycopg.connect(config.database.connection_url) as conn:
         row = conn.execute("SELECT status FROM job").fetchone()
     assert row is not None and row[0] == "INFLIGHT"  # leased: the sweeper gives it back
+
+
+async def test_worker_processes_serve_metrics_on_their_own_port(
+    rdbms: str,
+    extra_config: str,
+    runtime: Runtime,
+    config: Config,
+    receiver: Receiver,
+    tmp_path: Path,
+) -> None:
+    """[metrics] listener: a dispatcher counts its deliveries, a sweeper its runs."""
+    from app.api.app import create_app
+
+    transport = httpx.ASGITransport(app=create_app(config, runtime))
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+        await setup_push(http, receiver.url + "/hook")
+        for n in range(3):
+            await publish(http, b"x", f"m{n}")
+    ports = {"dispatcher": free_port(), "sweeper": free_port()}
+    procs = {}
+    for command, port in ports.items():
+        config_file = tmp_path / f"{command}.cfg"
+        config_file.write_text(rdbms + extra_config + f"[metrics]\nlistener=127.0.0.1:{port}\n")
+        procs[command] = spawn(config_file, command)
+    try:
+        wanted = {
+            "dispatcher": 'webhook_broker_push_deliveries_total{outcome="delivered"} 3.0',
+            "sweeper": "webhook_broker_sweeper_run_duration_seconds_count",
+        }
+        async with httpx.AsyncClient() as scraper:
+            for command, line in wanted.items():
+                deadline = time.monotonic() + 30
+                text = ""
+                while line not in text and time.monotonic() < deadline:
+                    with contextlib.suppress(httpx.HTTPError):
+                        url = f"http://127.0.0.1:{ports[command]}/metrics"
+                        text = (await scraper.get(url)).text
+                    await asyncio.sleep(0.2)
+                assert line in text, (command, text[-2000:])
+                assert "process_cpu_seconds_total" in text
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            assert proc.wait(timeout=30) == 0

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from app.services.sweeping import SweepService
@@ -27,7 +28,9 @@ class Sweeper:
         *,
         vacuum_interval_seconds: float = 0,
         vacuum_min_dead_jobs: int = 0,
+        observe_run: Callable[[float], None] = lambda _seconds: None,
     ) -> None:
+        self._observe_run = observe_run
         self._sweeps = sweeps
         self._interval = interval_seconds
         self._vacuum_interval = vacuum_interval_seconds
@@ -38,7 +41,9 @@ class Sweeper:
         try:
             while not stop.is_set():
                 try:
+                    started = time.monotonic()
                     moved = await self._sweeps.sweep_all()
+                    self._observe_run(time.monotonic() - started)
                     if moved:
                         log.info("sweeper requeued or dead-lettered %d expired jobs", moved)
                     for consumer_pk, group in await self._sweeps.expire_pins():
