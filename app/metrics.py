@@ -137,12 +137,23 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
         )
 
+        self.statements = Histogram(
+            "webhook_broker_statement_duration_seconds",
+            "The queue's hot statements (claim, ack, publish), as this process waited for them.",
+            ["statement"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+        )
+
     def watch_waiting(self, waiting: Callable[[], int]) -> None:
         self.snapshot.waiting = waiting
 
     def transition(self, kind: str, count: int) -> None:
         if count:
             self.transitions.labels(kind).inc(count)
+
+    def statement(self, name: str, seconds: float) -> None:
+        self.statements.labels(name).observe(seconds)
 
     def swept(self, seconds: float) -> None:
         self.sweeps.observe(seconds)

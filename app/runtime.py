@@ -61,7 +61,7 @@ class Runtime:
         config = self.config
         self.db = Database.from_config(config.database, waker=self.signals)
         self.metrics = Metrics()
-        self.queue = Queue(self.db, self.metrics.transition)
+        self.queue = Queue(self.db, self.metrics.transition, self.metrics.statement)
         ack_wait = config.default_ack_wait_seconds
         self.admin = AdminService(self.db, config.push.signing_secret_overlap_seconds)
         # JetStream advisories: published once a NATS publisher is attached (see start()).

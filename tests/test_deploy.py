@@ -5,6 +5,7 @@ that config; the alert rules name metrics /metrics serves; the image installs wh
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -106,3 +107,16 @@ def test_the_image_installs_the_package_ci_installs() -> None:
     assert re.search(r"^USER broker$", DOCKERFILE, re.M)
     assert 'ENTRYPOINT ["webhook-broker"]' in DOCKERFILE and 'CMD ["serve"]' in DOCKERFILE
     assert "FROM broker AS pipeline" in DOCKERFILE and "libpostgresql-jdbc-java" in DOCKERFILE
+
+
+def test_the_grafana_dashboard_charts_served_metrics() -> None:
+    served = set(re.findall(r'"(webhook_broker_[a-z_]+)"', (ROOT / "app/metrics.py").read_text()))
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    assert dashboard["panels"]
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            named = {
+                re.sub(r"_(count|sum|bucket|total)$", "", name)
+                for name in re.findall(r"webhook_broker_[a-z_]+", target["expr"])
+            }
+            assert named and named <= served, (panel["title"], named - served)

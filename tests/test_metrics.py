@@ -96,6 +96,8 @@ async def test_metrics_after_a_workload(
         if name == "webhook_broker_transitions_total"
     }
     assert transitions == {"publish": 12, "claim": 3, "ack": 1, "term": 1}
+    claims = ("webhook_broker_statement_duration_seconds_count", (("statement", "claim"),))
+    assert samples[claims] >= 1
 
     # A long poll waiting shows; the job counts are not read again within the interval.
     k3 = await put_consumer(client, "k3")  # made after the publishes: nothing queued

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import and_, select
 from sqlalchemy.engine import Row
@@ -337,57 +338,53 @@ def _pulled_job(row: tuple[Any, ...]) -> PulledJob:
 # -- the queue ---------------------------------------------------------------------------------
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _measured(
+    name: str, jobs: Callable[[Any], int]
+) -> Callable[
+    [Callable[Concatenate[Queue, _P], Coroutine[Any, Any, _R]]],
+    Callable[Concatenate[Queue, _P], Coroutine[Any, Any, _R]],
+]:
+    """Time a queue statement and count the jobs it moved, for the metrics."""
+
+    def wrap(
+        method: Callable[Concatenate[Queue, _P], Coroutine[Any, Any, _R]],
+    ) -> Callable[Concatenate[Queue, _P], Coroutine[Any, Any, _R]]:
+        @functools.wraps(method)
+        async def measured(self: Queue, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            started = time.perf_counter()
+            result = await method(self, *args, **kwargs)
+            self._timed(name, time.perf_counter() - started)
+            moved = jobs(result)
+            if moved:
+                self._observe(name, moved)
+            return result
+
+        return measured
+
+    return wrap
+
+
 class Queue:
     """Publish, claim and ack on either database; `tx` runs a statement inside a transaction
     the caller holds (None: on its own)."""
 
-    def __init__(self, db: Database, observe: Observe = ignore) -> None:
+    def __init__(
+        self,
+        db: Database,
+        observe: Observe = ignore,
+        timed: Callable[[str, float], None] = lambda _statement, _seconds: None,
+    ) -> None:
         self._db = db
         self._postgres = db.dialect == "postgresql"
         self._observe = observe  # (transition kind, jobs): the metrics' count of each
+        self._timed = timed  # (statement, seconds): the metrics' latency of each
 
+    @_measured("publish", lambda published: len(published.consumer_pks) if published else 0)
     async def publish(self, new: NewMessage) -> Published | None:
-        published = await self._publish(new)
-        if published is not None:
-            self._observe("publish", len(published.consumer_pks))
-        return published
-
-    async def claim(
-        self,
-        named: Named,
-        *,
-        limit: int,
-        default_ack_wait: int,
-        incremental_timeout: int = 0,
-        max_bytes: int | None = None,
-        max_ack_pending: int | None = None,
-        numbered: bool = False,
-        tx: Tx | None = None,
-    ) -> Claimed:
-        """Lease up to `limit` due jobs (see _claim)."""
-        claimed = await self._claim(
-            named,
-            limit=limit,
-            default_ack_wait=default_ack_wait,
-            incremental_timeout=incremental_timeout,
-            max_bytes=max_bytes,
-            max_ack_pending=max_ack_pending,
-            numbered=numbered,
-            tx=tx,
-        )
-        if claimed.jobs:
-            self._observe("claim", len(claimed.jobs))
-        return claimed
-
-    async def ack(
-        self, named: Named, targets: Sequence[tuple[int, int | None]], tx: Tx | None = None
-    ) -> set[int]:
-        acked = await self._ack(named, targets, tx)
-        if acked:
-            self._observe("ack", len(acked))
-        return acked
-
-    async def _publish(self, new: NewMessage) -> Published | None:
         """The message and its jobs, or None: bad credentials or a repeated message id."""
         if not self._postgres:
             async with self._db.transaction() as tx:
@@ -429,7 +426,8 @@ class Queue:
         )
         return Published(message, list(consumer_pks))
 
-    async def _claim(
+    @_measured("claim", lambda claimed: len(claimed.jobs))
+    async def claim(
         self,
         named: Named,
         *,
@@ -448,7 +446,9 @@ class Queue:
         consumer row and counts its in-flight jobs in the same transaction first."""
         if max_ack_pending is not None and tx is None:
             async with self._db.transaction() as own:
-                return await self._claim(
+                # The statement itself, not measured twice.
+                return await Queue.claim.__wrapped__(  # type: ignore[attr-defined,no-any-return]
+                    self,
                     named,
                     limit=limit,
                     default_ack_wait=default_ack_wait,
@@ -496,7 +496,8 @@ class Queue:
             sorted(row[-2] for row in rows) if numbered else [],
         )
 
-    async def _ack(
+    @_measured("ack", len)
+    async def ack(
         self, named: Named, targets: Sequence[tuple[int, int | None]], tx: Tx | None = None
     ) -> set[int]:
         """INFLIGHT -> DELIVERED for (job id, attempt or None) pairs; the ids that moved."""
