@@ -57,6 +57,19 @@ def spawn(config_file: Path, command: str) -> subprocess.Popen[bytes]:
     )
 
 
+async def push_messages(
+    config: Config, runtime: Runtime, receiver: Receiver, payloads: dict[str, bytes]
+) -> None:
+    """A push consumer of the receiver and one message per (id, payload), through the API."""
+    from app.api.app import create_app
+
+    transport = httpx.ASGITransport(app=create_app(config, runtime))
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+        await setup_push(http, receiver.url + "/hook")
+        for message_id, payload in payloads.items():
+            await publish(http, payload, message_id)
+
+
 def dispatcher_log(directory: Path) -> str:
     return next(directory.glob("dispatcher-*.log")).read_text()
 
@@ -76,13 +89,9 @@ async def test_sigkill_mid_delivery_loses_nothing(
     receiver: Receiver,
     tmp_path: Path,
 ) -> None:
-    from app.api.app import create_app
-
-    transport = httpx.ASGITransport(app=create_app(config, runtime))
-    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
-        await setup_push(http, receiver.url + "/hook")
-        for n in range(JOBS):
-            await publish(http, b"payload-%d" % n, f"m{n}")
+    await push_messages(
+        config, runtime, receiver, {f"m{n}": b"payload-%d" % n for n in range(JOBS)}
+    )
 
     config_file = tmp_path / "webhook-broker.cfg"
     config_file.write_text(rdbms + extra_config)
@@ -127,13 +136,8 @@ async def test_sigterm_drains_and_a_second_signal_exits_at_once(
     """A delivery hangs (the receiver answers after 20 s, past a 15 s timeout): SIGTERM waits
     for it and says for how long; a second SIGTERM ends the process at once (status 1), and
     the job's lease is there for the sweeper."""
-    from app.api.app import create_app
-
     receiver.respond = lambda _path, _n: (200, 20.0)
-    transport = httpx.ASGITransport(app=create_app(config, runtime))
-    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
-        await setup_push(http, receiver.url + "/hook")
-        await publish(http, b"slow", "slow")
+    await push_messages(config, runtime, receiver, {"slow": b"slow"})
     config_file = tmp_path / "webhook-broker.cfg"
     config_file.write_text(
         rdbms
@@ -170,13 +174,7 @@ async def test_worker_processes_serve_metrics_on_their_own_port(
     tmp_path: Path,
 ) -> None:
     """[metrics] listener: a dispatcher counts its deliveries, a sweeper its runs."""
-    from app.api.app import create_app
-
-    transport = httpx.ASGITransport(app=create_app(config, runtime))
-    async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
-        await setup_push(http, receiver.url + "/hook")
-        for n in range(3):
-            await publish(http, b"x", f"m{n}")
+    await push_messages(config, runtime, receiver, {f"m{n}": b"x" for n in range(3)})
     ports = {"dispatcher": free_port(), "sweeper": free_port()}
     procs = {}
     for command, port in ports.items():
