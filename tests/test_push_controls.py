@@ -322,3 +322,16 @@ async def test_push_outcomes_are_counted_in_metrics(
     }
     assert counted["deferred"] == 1 and counted["failed"] == 1 and counted["delivered"] >= 1
     assert "webhook_broker_push_delivery_duration_seconds_count" in text
+
+
+async def test_a_push_consumer_with_max_ack_pending_is_still_pushed(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """maxAckPending is a pull setting: the dispatcher's own window limits a push consumer, and
+    a maxAckPending left on it (or set by a PUT) must not stop its deliveries."""
+    await setup_push(http, receiver.url + "/hook")
+    await put_consumer(http, "k1", callbackUrl=receiver.url + "/hook", maxAckPending="1")
+    for n in range(3):
+        await publish(http, b"x", f"capped{n}")
+    for n in range(3):
+        await wait_for_status(http, f"capped{n}", "DELIVERED")

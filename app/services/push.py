@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.domain.jobs import JobStatus, RetryPolicy
-from app.domain.models import Consumer, ConsumerType, PulledJob, PushState
+from app.domain.models import Consumer, PulledJob, PushState
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.push_state import PushStateStore
@@ -67,8 +67,10 @@ class PushService:
 
     async def claim(self, consumer: Consumer, limit: int) -> list[PushJob]:
         """Lease up to `limit` due jobs of one push consumer, highest priority first."""
+        # The push form of the claim: the dispatcher's lease, no max-ack-pending cap (a pull
+        # setting: the dispatcher's window limits a push consumer) and no pending count.
         claimed = await self._queue.claim(
-            Named(consumer.pk, type=ConsumerType.PUSH), limit=limit, default_ack_wait=self._lease
+            Named.push([consumer.pk]), limit=limit, default_ack_wait=self._lease
         )
         return [PushJob(job, consumer) for job in claimed.jobs]
 

@@ -47,7 +47,7 @@ from app.store.schema import channel, consumer, producer
 class Named:
     """How a statement names its consumers: one pull consumer by credentials (a request), one
     consumer by primary key (a waiting pull, the bridge, the seed API, a push outcome), or
-    several push consumers by primary key (the dispatcher's claim)."""
+    push consumers by primary key (the dispatcher's claim)."""
 
     consumer_pk: int | None = None
     channel_id: str = ""
