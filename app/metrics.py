@@ -29,7 +29,8 @@ from app.services.push import PushTarget
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JOBS_FOR = 5.0  # seconds a read of the counters serves scrapes
-STATUSES = ("QUEUED", "INFLIGHT", "DELIVERED", "DEAD")
+# Seconds, for HTTP requests and push deliveries: from a loopback answer to a timeout.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class Snapshot(Collector):
@@ -53,9 +54,7 @@ class Snapshot(Collector):
             labels=["channel", "consumer"],
         )
         now = datetime.now(UTC)
-        seen: set[tuple[str, str]] = set()
         for c in self.counts:
-            seen.add((c.channel_id, c.consumer_id))
             jobs.add_metric([c.channel_id, c.consumer_id, c.status], c.count)
             if c.status == "QUEUED" and c.oldest is not None:
                 age = max(0.0, (now - c.oldest).total_seconds())
@@ -104,7 +103,7 @@ class Metrics:
             "Time to answer an HTTP request (a long poll's wait included), by route.",
             ["method", "route"],
             registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            buckets=LATENCY_BUCKETS,
         )
 
         self.push_deliveries = Counter(
@@ -118,7 +117,7 @@ class Metrics:
             "webhook_broker_push_delivery_duration_seconds",
             "Time from sending a push to its answer (or failure).",
             registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            buckets=LATENCY_BUCKETS,
         )
 
         self.transitions = Counter(

@@ -17,10 +17,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from app.dispatch.flow import Lane, retry_after_seconds
-from app.dispatch.http import Answer, Poster
+from app.dispatch.http import PUSHED_BACK, Answer, Poster
 from app.domain.models import Breaker, Consumer
 from app.domain.signing import broker_signature, secrets_in_force, standard_signatures
 from app.services.push import PushJob, PushService, PushTarget
@@ -33,7 +34,6 @@ SIGNATURE_HEADER = "X-Broker-Signature"
 # it; 100 at the window's pace is a few milliseconds.
 CLAIM_CHUNK = 100
 TARGETS_FOR = 1.0
-PUSHED_BACK = (429, 503)
 
 
 # Request ids: one random prefix per process and a counter (a uuid4 per delivery showed in
@@ -86,17 +86,26 @@ def delivery_headers(
     return headers
 
 
-def outcome_of(answer: Answer) -> str:
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an answer means: delivered, deferred (429/503 with a readable Retry-After: `delay`
+    seconds, capped), gone (410), refused (a link-local callback, never sent) or failed."""
+
+    kind: str
+    delay: float = 0.0
+
+
+def classify(answer: Answer, retry_after_max: float) -> Outcome:
     status = answer.status
     if status is not None and 200 <= status < 300:
-        return "delivered"
-    if status in PUSHED_BACK and retry_after_seconds(answer.retry_after) is not None:
-        return "deferred"
+        return Outcome("delivered")
+    if status in PUSHED_BACK:
+        delay = retry_after_seconds(answer.retry_after)
+        if delay is not None:
+            return Outcome("deferred", min(delay, retry_after_max))
     if status == 410:
-        return "gone"
-    if status is None and answer.error and "link-local" in answer.error:
-        return "refused"
-    return "failed"
+        return Outcome("gone")
+    return Outcome("refused" if answer.refused else "failed")
 
 
 class Dispatcher:
@@ -110,7 +119,7 @@ class Dispatcher:
         *,
         max_workers: int,
         max_in_flight: int,
-        retry_after_max: int,
+        retry_after_max: float,
         idle_seconds: float,
         token_header: str,
         user_agent: str,
@@ -295,12 +304,11 @@ class Dispatcher:
                 continue
             if closed:
                 self._forget_targets()
-            for job in answered:
-                if job.consumer.pk in closed:
-                    c = job.consumer
-                    log.warning("push breaker of %s/%s is now closed", c.channel_id, c.id)
-                    self._breakers[c.pk] = Breaker.CLOSED
-                    closed.remove(c.pk)
+            consumers = {job.consumer.pk: job.consumer for job in answered}
+            for pk in closed:
+                c = consumers[pk]
+                log.warning("push breaker of %s/%s is now closed", c.channel_id, c.id)
+                self._breakers[pk] = Breaker.CLOSED
 
     async def _deliver(self, job: PushJob, lane: Lane) -> None:
         headers = delivery_headers(
@@ -311,35 +319,34 @@ class Dispatcher:
             answer = await self._poster.post(job.consumer.callback_url, job.job.payload, headers)
         finally:
             lane.ended()
-        self._observe(outcome_of(answer), time.perf_counter() - started)
+        outcome = classify(answer, self._retry_after_max)
+        self._observe(outcome.kind, time.perf_counter() - started)
         try:
-            await self._outcome(job, lane, answer)
+            await self._record(job, lane, answer, outcome)
         except Exception:
             # The lease is still in the database: the sweeper will retry this job.
             log.exception("recording the outcome of job %s failed", job.job.id)
 
-    async def _outcome(self, job: PushJob, lane: Lane, answer: Answer) -> None:
-        status = answer.status
-        if status is not None and 200 <= status < 300:
+    async def _record(self, job: PushJob, lane: Lane, answer: Answer, outcome: Outcome) -> None:
+        if outcome.kind == "delivered":
             lane.succeeded()
             self._answered.append(job)
             self._answered_more.set()
             return
-        if status in PUSHED_BACK:
+        status = answer.status
+        if status is None or status in PUSHED_BACK:
+            # The receiver asked for time, or gave no answer at all: fewer at once.
             lane.pushed_back()
-            delay = retry_after_seconds(answer.retry_after)
-            if delay is not None:
-                delay = min(delay, float(self._retry_after_max))
-                await self._push.deferred(job, delay, f"HTTP {status}, Retry-After {delay:g} s")
-                return
-        if status == 410:
+        if outcome.kind == "deferred":
+            note = f"HTTP {status}, Retry-After {outcome.delay:g} s"
+            await self._push.deferred(job, outcome.delay, note)
+            return
+        if outcome.kind == "gone":
             if await self._push.gone(job, "HTTP 410 Gone from the callback"):
                 self._forget_targets()
                 c = job.consumer
                 log.warning("push to %s/%s disabled: HTTP 410 Gone", c.channel_id, c.id)
             return
-        if status is None:
-            lane.pushed_back()  # no answer at all: a struggling endpoint gets fewer at once
         error = answer.error or f"HTTP {status}"
         self._dirty.add(job.consumer.pk)
         moved, state = await self._push.failed(job, error)

@@ -6,7 +6,7 @@ several dispatchers a consumer may get up to that many times its limits (README,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -19,7 +19,6 @@ class Lane:
     in_flight: int = 0
     tokens: float = 0.0
     refilled_at: float = 0.0
-    drained: bool = field(default=False)  # its last claim found fewer jobs than it asked for
 
     def configure(self, max_in_flight: int, rate: float | None, now: float) -> None:
         if self.window == 0.0 or self.window > max_in_flight:

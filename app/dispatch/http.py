@@ -20,11 +20,16 @@ from app.domain.callbacks import blocked_address, literal_host
 RESOLVED_FOR = 30.0  # seconds a name's check is trusted
 
 
+# Statuses with which a receiver asks for time (with Retry-After) rather than fails.
+PUSHED_BACK = (429, 503)
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     status: int | None  # None: no HTTP answer (see error)
     retry_after: str | None = None
     error: str | None = None
+    refused: bool = False  # not sent: the callback is or resolves to a link-local address
 
 
 class Poster:
@@ -36,27 +41,26 @@ class Poster:
             .follow_redirects(False)
             .build()
         )
-        self._checked: dict[str, tuple[float, str | None]] = {}  # by host
-        self._urls: dict[str, tuple[float, str | None]] = {}  # by URL: the per-delivery path
+        # By URL (the per-delivery look-up): when its check stops being trusted, and why the
+        # URL may not be called (None: it may).
+        self._checked: dict[str, tuple[float, str | None]] = {}
 
     async def _refusal(self, url: str) -> str | None:
         """Why a URL may not be called (its host is or resolves to a blocked address)."""
-        known = self._urls.get(url)
+        known = self._checked.get(url)
         if known is not None and known[0] > time.monotonic():
             return known[1]
         reason = await self._check(url)
-        self._urls[url] = (time.monotonic() + RESOLVED_FOR, reason)
+        self._checked[url] = (time.monotonic() + RESOLVED_FOR, reason)
         return reason
 
-    async def _check(self, url: str) -> str | None:
+    @staticmethod
+    async def _check(url: str) -> str | None:
         parts = urlsplit(url)
         host = parts.hostname or ""
         literal = literal_host(host)
         if literal is not None:
             return "callback is a link-local address" if blocked_address(literal) else None
-        cached = self._checked.get(host)
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(
                 host, parts.port or 80, type=socket.SOCK_STREAM
@@ -64,14 +68,12 @@ class Poster:
         except OSError as exc:
             return f"cannot resolve {host}: {exc}"
         blocked = any(blocked_address(str(info[4][0])) for info in infos)
-        reason = f"callback host {host} resolves to a link-local address" if blocked else None
-        self._checked[host] = (time.monotonic() + RESOLVED_FOR, reason)
-        return reason
+        return f"callback host {host} resolves to a link-local address" if blocked else None
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Answer:
         refusal = await self._refusal(url)
         if refusal is not None:
-            return Answer(None, error=refusal)
+            return Answer(None, error=refusal, refused=True)
         try:
             request = self._client.post(url).headers(headers).body_bytes(body).build()
             response = await request.send()
@@ -80,7 +82,7 @@ class Poster:
         except PyreqwestError as exc:
             return Answer(None, error=f"{type(exc).__name__}: {exc}"[:500])
         retry_after = None
-        if response.status in (429, 503):
+        if response.status in PUSHED_BACK:
             with contextlib.suppress(KeyError):
                 retry_after = response.headers["retry-after"]
         return Answer(response.status, retry_after)

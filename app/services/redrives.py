@@ -29,6 +29,11 @@ class RedriveService:
     async def _consumer(self, tx: Tx, creds: ConsumerCredentials) -> Consumer:
         return await pull_consumer(tx, creds, require_pull=False)  # push ones have dead letters
 
+    async def check(self, creds: ConsumerCredentials) -> None:
+        """The consumer's credentials, checked before its request body is read."""
+        async with self._db.transaction() as tx:
+            await self._consumer(tx, creds)
+
     async def start(self, creds: ConsumerCredentials, request: RedriveRequest) -> Redrive:
         async with self._db.transaction() as tx:
             consumer = await self._consumer(tx, creds)
