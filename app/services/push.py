@@ -70,7 +70,7 @@ class PushService:
         # The push form of the claim: the dispatcher's lease, no max-ack-pending cap (a pull
         # setting: the dispatcher's window limits a push consumer) and no pending count.
         claimed = await self._queue.claim(
-            Named.push([consumer.pk]), limit=limit, default_ack_wait=self._lease
+            Named.push(consumer.pk), limit=limit, default_ack_wait=self._lease
         )
         return [PushJob(job, consumer) for job in claimed.jobs]
 

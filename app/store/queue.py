@@ -46,8 +46,9 @@ from app.store.schema import channel, consumer, producer
 @dataclass(frozen=True, slots=True)
 class Named:
     """How a statement names its consumers: one pull consumer by credentials (a request), one
-    consumer by primary key (a waiting pull, the bridge, the seed API, a push outcome), or
-    push consumers by primary key (the dispatcher's claim)."""
+    consumer by primary key (a waiting pull, the bridge, the seed API, a push outcome), or one
+    push consumer by primary key for the dispatcher's claim (`dispatch`: its lease, no
+    max-ack-pending cap, which is a pull setting, and no pending count)."""
 
     consumer_pk: int | None = None
     channel_id: str = ""
@@ -55,7 +56,7 @@ class Named:
     consumer_id: str = ""
     consumer_token: str = ""
     type: ConsumerType = ConsumerType.PULL
-    push_pks: tuple[int, ...] = ()
+    dispatch: bool = False
 
     @classmethod
     def by_credentials(
@@ -64,18 +65,18 @@ class Named:
         return cls(None, channel_id, channel_token, consumer_id, consumer_token)
 
     @classmethod
-    def push(cls, consumer_pks: Sequence[int]) -> Named:
-        return cls(type=ConsumerType.PUSH, push_pks=tuple(consumer_pks))
+    def push(cls, consumer_pk: int) -> Named:
+        return cls(consumer_pk, type=ConsumerType.PUSH, dispatch=True)
 
     @property
     def key(self) -> str:
-        if self.push_pks:
+        if self.dispatch:
             return "push"
         return "pk" if self.consumer_pk is not None else "credentials"
 
     def params(self) -> dict[str, Any]:
-        if self.push_pks:
-            return {"consumer_pks": list(self.push_pks)}
+        if self.dispatch:
+            return {"consumer_pk": self.consumer_pk}
         if self.consumer_pk is not None:
             return {"consumer_pk": self.consumer_pk, "consumer_type": self.type.value}
         return {
@@ -133,7 +134,7 @@ NAMED = {
     WHERE consumer.pk = %(consumer_pk)s AND consumer.type = %(consumer_type)s""",
     "push": """
     SELECT consumer.pk, consumer.ack_wait_seconds, consumer.max_ack_pending FROM consumer
-    WHERE consumer.pk = ANY(%(consumer_pks)s) AND consumer.type = 'push'""",
+    WHERE consumer.pk = %(consumer_pk)s AND consumer.type = 'push'""",
 }
 
 # Credentials, the message, one QUEUED job per consumer of the channel, and the NOTIFY that
@@ -221,7 +222,6 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     pulled_columns = ", ".join(PULLED_COLUMNS)
     returned = ", ".join(f"job.{name}" for name in [*CLAIMED_COLUMNS, "message_pk"])
     message_columns = ", ".join(f"message.{name}" for name in MESSAGE_COLUMNS)
-    consumers = "IN (SELECT pk FROM named)" if push else "= (SELECT pk FROM named)"
     # Push consumers all lease for the dispatcher's time; a pull consumer may set its own.
     ack_wait = (
         "%(default_ack_wait)s"
@@ -266,7 +266,7 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
 WITH named AS ({NAMED[key]}{uncapped}
 ), due AS (
     SELECT job.id, job.priority, job.payload_size FROM job
-    WHERE job.consumer_pk {consumers} AND job.status = '{QUEUED}'
+    WHERE job.consumer_pk = (SELECT pk FROM named) AND job.status = '{QUEUED}'
       AND job.earliest_next_attempt_at <= now()
     ORDER BY job.priority DESC, job.id
     LIMIT {limit}
@@ -588,15 +588,12 @@ async def _sqlite_claim(
     numbered: bool,
 ) -> Claimed:
     jobs = JobStore(tx)
-    if named.push_pks:
-        pks: list[int] = list(named.push_pks)
-        ack_wait = default_ack_wait
-    else:
-        row = await _sqlite_named(tx, named, capped=capped, claim=True)
-        if row is None:
-            return NOTHING
-        pks = [row.pk]
-        ack_wait = row.ack_wait_seconds or default_ack_wait
+    # A dispatcher's claim, as NAMED["push"]: the push consumer, uncapped, the given lease.
+    row = await _sqlite_named(tx, named, capped=capped or named.dispatch, claim=True)
+    if row is None:
+        return NOTHING
+    pks = [row.pk]
+    ack_wait = default_ack_wait if named.dispatch else row.ack_wait_seconds or default_ack_wait
     due, claimed = await jobs.claim_sqlite(
         pks,
         limit=limit,
@@ -605,7 +602,7 @@ async def _sqlite_claim(
         max_bytes=max_bytes,
     )
     pulled = [PulledJob.of(c) for c in claimed]
-    if named.push_pks or not pulled:
+    if named.dispatch or not pulled:
         return Claimed(pulled, 0, [])
     pending = due - len(pulled) if due < limit else await jobs.due_count(pks[0], PENDING_COUNT_CAP)
     seqs: list[int] = []
