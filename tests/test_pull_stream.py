@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,6 +114,26 @@ async def test_a_stream_ends_when_its_batch_is_filled(live: httpx.AsyncClient) -
     assert [j["Message"]["Payload"] for j in jobs_of(lines)] == ["m0", "m1", "m2"]
     assert [line["Pending"] for line in lines[:3]] == [4, 3, 2]
     assert lines[-1]["Status"] == 200 and lines[-1]["PendingMessages"] == 0
+
+
+async def test_a_stream_gets_each_job_as_it_falls_due(live: httpx.AsyncClient) -> None:
+    """A round that takes the jobs due so far reads when the next one falls due: a stream
+    still short of its batch gets it then, not at its expiry."""
+    (k1,) = await setup_channel(live)
+    await publish(live, "first")
+    await publish(live, "second")
+    jobs = await pull_jobs(live, k1, batch=2)
+    for job, delay in zip(jobs, (1.0, 1.8), strict=True):
+        r = await live.post(
+            f"{k1.job(job['ID'])}/ack", json={"type": "nak", "delay": delay}, headers=k1.auth
+        )
+        assert r.status_code == 202
+    started = time.monotonic()
+    _, lines = await read_stream(live, k1, batch=2, expires=15)
+    elapsed = time.monotonic() - started
+    assert [j["ID"] for j in jobs_of(lines)] == [j["ID"] for j in jobs]
+    assert lines[-1]["Status"] == 200
+    assert elapsed < 8
 
 
 async def test_a_stream_may_ask_for_more_than_a_plain_pull(

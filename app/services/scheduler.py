@@ -567,7 +567,10 @@ class ConsumerQueue:
             await self._release(leftovers)
         if self._backlog is not None or self._pinning:
             self._after_terms(loop)
-        if not self._found and self.waiters:
+        # Requests still waiting after a round that found nothing, or that took every job
+        # due so far: no one announces a backoff running out, so the round reads when the
+        # next queued job falls due.
+        if self.waiters and (not self._found or self.due == 0):
             await self._recheck(loop)
 
     # -- overflow terms -------------------------------------------------------------------------
@@ -677,7 +680,7 @@ class ConsumerQueue:
             self._next_due = loop.time() + OVERFLOW_RECHECK_SECONDS
 
     async def _recheck(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Nothing was claimed: the consumer may be gone or changed, and when nothing is due,
+        """The consumer may be gone or changed (nothing was claimed), and when nothing is due,
         when the next job falls due says how long to sleep."""
         fresh, next_due = await self.scheduler.claims.recheck(
             self.consumer.pk, next_due=self.due == 0
