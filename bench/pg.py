@@ -49,6 +49,7 @@ class Cluster:
         self.statements = statements
         self._as_root = os.geteuid() == 0
         self.started = False
+        self._options = ""
 
     def _run(self, *args: str, timeout: float = 120) -> None:
         command = list(args)
@@ -91,15 +92,19 @@ class Cluster:
             }
         if not self.durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-        options = f"-p {self.port} -k {self.root} " + " ".join(
+        self._options = f"-p {self.port} -k {self.root} " + " ".join(
             f"-c {key}={value}" for key, value in settings.items()
         )
+        self.up()
+
+    def up(self) -> None:
+        """Start the server (again, after `down`) and wait until it accepts connections."""
         self._run(
             str(self.bindir / "pg_ctl"),
             "-D",
             str(self.data),
             "-o",
-            options,
+            self._options,
             "-l",
             str(self.root / "log"),
             "-w",
@@ -119,6 +124,11 @@ class Cluster:
 
     def postmaster_pid(self) -> int:
         return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+
+    def down(self) -> None:
+        """Stop the server as a crash would (immediate: no checkpoint, clients cut off); the
+        data stays for `up`. The chaos suite's database outages."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
 
     def stop(self) -> None:
         try:

@@ -19,6 +19,7 @@ STATUS: dict[type[errors.BrokerError], int] = {
     errors.PinLost: 423,
     errors.PayloadTooLarge: 413,
     errors.UnsupportedMediaType: 415,
+    errors.Unavailable: 503,
 }
 
 
@@ -36,7 +37,9 @@ def error_body(status: int, detail: str) -> dict[str, object]:
 async def _broker_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.BrokerError)
     status = status_for(exc)
-    return JSONResponse(error_body(status, exc.detail), status_code=status)
+    # A database outage is short (a restart, a failover): a second is a fair first wait.
+    headers = {"Retry-After": "1"} if isinstance(exc, errors.Unavailable) else None
+    return JSONResponse(error_body(status, exc.detail), status_code=status, headers=headers)
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:

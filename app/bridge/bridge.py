@@ -30,6 +30,7 @@ from app.bridge.client import client_options
 from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
 from app.config import NatsConfig
+from app.domain.errors import Unavailable
 from app.runtime import Runtime
 from app.services.bridge import BridgeService
 
@@ -230,6 +231,15 @@ class Bridge:
     async def _answer_api(self, subject: str, reply: str, body: bytes) -> None:
         try:
             answer = await self.api.answer(subject, body)
+        except Unavailable:
+            log.warning("API request %s: the database is unavailable", subject)
+            # What nats-server answers while its JetStream cannot serve: clients retry.
+            answer = p.api_error(
+                "io.nats.jetstream.api.v1.error",
+                503,
+                10008,
+                "JetStream system temporarily unavailable",
+            )
         except Exception:
             log.exception("API request %s failed", subject)
             answer = p.api_error("io.nats.jetstream.api.v1.error", 500, 10000, "bridge error")

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from app.config import NatsConfig
+
+log = logging.getLogger(__name__)
+
+
+async def _connection_error(exc: Exception) -> None:
+    # nats-py's default logs each failed reconnect (every reconnect_time_wait) with a
+    # traceback; one line says the same while the server is away.
+    log.warning("NATS connection: %s", exc or type(exc).__name__)
 
 
 def client_options(config: NatsConfig, name: str) -> dict[str, Any]:
@@ -16,6 +25,7 @@ def client_options(config: NatsConfig, name: str) -> dict[str, Any]:
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
         "connect_timeout": 5,
+        "error_cb": _connection_error,
     }
     if config.user:
         options["user"] = config.user

@@ -56,5 +56,11 @@ class PinLost(BrokerError):
     is held no more: drop the pin id and pull again without it (HTTP 423, NATS 423)."""
 
 
+class Unavailable(BrokerError):
+    """The database could not be reached, or dropped the connection mid-statement (a restart,
+    an outage, a full pool). Every request is safe to send again (publishes carry message
+    ids, acks are fenced by attempt), so clients retry after a moment (HTTP 503)."""
+
+
 class TooManyWaiting(Conflict):
     """More pull requests are waiting on a consumer than max-waiting allows."""

@@ -9,13 +9,14 @@ from typing import Any, Protocol
 
 import psycopg
 from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.exc import DataError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.util import greenlet_spawn
 
 from app.config import DatabaseConfig
-from app.domain.errors import UnstorableValue
+from app.domain.errors import Unavailable, UnstorableValue
 
 NOTIFY_CHANNEL = "webhook_broker_jobs"
 
@@ -145,18 +146,32 @@ class Database:
         await self.engine.dispose()
 
 
+# A database that cannot be reached or that dropped the connection: raised by SQLAlchemy
+# (wrapping the driver), by psycopg itself on the raw-connection paths, or by the pool.
+_UNREACHABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
 @contextmanager
 def refused_values() -> Iterator[None]:
-    """The one driver-error boundary: a value the database cannot store or compare (a NUL in a
+    """The one driver-error boundary. A value the database cannot store or compare (a NUL in a
     text, a number past a column's range) came from a client, so it is that client's bad
-    input, whichever entry point and driver ran the statement. The driver's message is not
-    passed on: it may quote parameters, tokens among them."""
+    input, whichever entry point and driver ran the statement; a database that is down or
+    restarting makes the request one to retry, not a server error. The driver's message is
+    not passed on: it may quote parameters, tokens among them."""
     try:
         yield
     except (DataError, psycopg.DataError, OverflowError) as exc:
         raise UnstorableValue(
             "the request holds a value the database cannot store or compare"
         ) from exc
+    except _UNREACHABLE as exc:
+        raise Unavailable("the database is unavailable; retry") from exc
 
 
 # PostgreSQL refuses NOTIFY payloads of 8000 bytes or more; past this, wake every waiter.

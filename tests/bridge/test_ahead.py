@@ -17,8 +17,9 @@ from sqlalchemy import text
 from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from app.services import claim_ahead
-from tests.bridge.conftest import BridgeFactory, NatsServer, eventually, seed
+from tests.bridge.conftest import BridgeFactory, eventually, seed
 from tests.helpers_pull import bulk_publish
+from tests.natsproc import NatsServer
 
 REQUESTS = 5
 BATCH = 10  # = [pull] max-batch, so a round (two claims) covers two requests' budgets

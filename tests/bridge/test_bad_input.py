@@ -28,13 +28,13 @@ from app.bridge import protocol as p
 from app.runtime import Runtime
 from tests.bridge.conftest import (
     BridgeFactory,
-    NatsServer,
     publish_http,
     reference_consumer,
     seed,
     uncapped_only,
 )
 from tests.helpers_pull import status_counts
+from tests.natsproc import NatsServer
 
 API = "$JS.API"
 # What comes back after garbage acks is told apart by time: a NAK'd job before the ack wait

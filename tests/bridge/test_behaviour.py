@@ -30,11 +30,11 @@ from tests.bridge.conftest import (
     MAX_ACK_PENDING,
     MAX_RETRY,
     BridgeFactory,
-    NatsServer,
     eventually,
     publish_http,
     uncapped_only,
 )
+from tests.natsproc import NatsServer
 
 Publish = Callable[[list[str]], Awaitable[None]]
 REPO_ROOT = str(Path(__file__).resolve().parents[2])

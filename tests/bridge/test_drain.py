@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import text
 
 from app.runtime import Runtime
-from tests.bridge.conftest import BridgeFactory, NatsServer, eventually, seed
+from tests.bridge.conftest import BridgeFactory, eventually, seed
 from tests.helpers_pull import bulk_publish
+from tests.natsproc import NatsServer
 
 JOBS = 5000
 WORKERS = 8

@@ -17,8 +17,9 @@ import pytest
 from nats.errors import Error as NatsError
 
 from app.runtime import Runtime
-from tests.bridge.conftest import BridgeFactory, NatsServer, publish_http, uncapped_only
+from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
 from tests.helpers_pull import status_counts
+from tests.natsproc import NatsServer
 
 SEED = int(os.environ.get("FUZZ_SEED", "20261125"))
 MESSAGES = 400

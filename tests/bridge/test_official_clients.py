@@ -34,11 +34,11 @@ from tests.bridge.conftest import (
     ACK_WAIT,
     MAX_ACK_PENDING,
     BridgeFactory,
-    NatsServer,
     eventually,
     publish_http,
     reference_consumer,
 )
+from tests.natsproc import NatsServer
 
 REPO = Path(__file__).resolve().parents[2]
 JS_DIR = REPO / "tests" / "js"

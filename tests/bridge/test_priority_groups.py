@@ -25,12 +25,12 @@ from tests.bridge.conftest import (
     ACK_WAIT,
     MAX_RETRY,
     BridgeFactory,
-    NatsServer,
     arriving,
     publish_http,
     uncapped_only,
 )
 from tests.helpers_pull import expire_leases
+from tests.natsproc import NatsServer
 
 Publish = Callable[[list[str]], Awaitable[None]]
 MS = 1_000_000  # ns

@@ -21,8 +21,9 @@ from sqlalchemy import select
 from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from app.store.schema import consumer
-from tests.bridge.conftest import NatsServer, nats_config, publish_http, seed, uncapped_only
+from tests.bridge.conftest import nats_config, publish_http, seed, uncapped_only
 from tests.helpers_pull import until_waiting
+from tests.natsproc import NatsServer
 
 MAX_WAITING = 2
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.workers"

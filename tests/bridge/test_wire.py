@@ -24,12 +24,12 @@ from app.store.jobs import JobStore
 from tests.bridge.conftest import (
     ACK_WAIT,
     BridgeFactory,
-    NatsServer,
     arriving,
     publish_http,
     reference_consumer,
     uncapped_only,
 )
+from tests.natsproc import NatsServer
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.workers"
 Publish = Callable[[list[str]], Awaitable[None]]
