@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.pg import Cluster
 from tests.chaos.journal import Journal
@@ -25,6 +25,7 @@ class Faults:
     nats: NatsServer
     delete_consumer: Callable[[], Awaitable[None]]
     gap: tuple[float, float]  # seconds between faults
+    _kinds: list[str] = field(default_factory=list)
 
     async def run(self, until: float, delete_at: float) -> None:
         """Inject faults until the journal's clock passes `until`; the consumer deletion once,
@@ -43,6 +44,16 @@ class Faults:
                 deck = list(KINDS)
                 self.rng.shuffle(deck)
             await self.inject(deck.pop())
+
+    def target(self) -> BrokerProcess:
+        """A running process, its kind drawn from a deck of its own so that each kind meets
+        each process fault."""
+        if not self._kinds:
+            self._kinds = sorted({p.command for p in self.processes})
+            self.rng.shuffle(self._kinds)
+        kind = self._kinds.pop()
+        running = [p for p in self.processes if p.command == kind and p.running()]
+        return self.rng.choice(running or [p for p in self.processes if p.running()])
 
     async def inject(self, kind: str) -> None:
         self.journal.faults[kind] += 1
@@ -68,7 +79,7 @@ class Faults:
             await asyncio.sleep(self.rng.uniform(0.5, 2))
             await asyncio.to_thread(self.nats.start)
             return
-        target = self.rng.choice([p for p in self.processes if p.running()])
+        target = self.target()
         self.journal.event("fault", f"{kind} {target.name}")
         if kind == "kill":
             await asyncio.to_thread(target.kill)

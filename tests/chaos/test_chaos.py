@@ -8,15 +8,22 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.chaos.run import Settings, run, summary_line, write
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261125"))
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "60"))
 
 
-async def test_a_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+async def test_a_short_chaos_run_keeps_every_invariant(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    minutes = request.config.getoption("--chaos-minutes")
+    seconds = SECONDS if minutes is None else minutes * 60
+    seed = request.config.getoption("--chaos-seed") or SEED
     out = tmp_path / "chaos-summary.json"
-    summary = await run(Settings(seconds=SECONDS, seed=SEED, out=out))
+    summary = await run(Settings(seconds=seconds, seed=seed, out=out))
     write(summary, out)
     print(summary_line(summary))
     assert set(summary["faults"]) >= {
