@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.domain.models import Breaker, StatusCount
+from app.domain.pulls import PullEnd
 from app.services.push import PushTarget
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -128,6 +129,23 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.pull_waits = Histogram(
+            "webhook_broker_pull_wait_seconds",
+            "Time a pull request waited in this process, from its arrival to its end, by"
+            " transport (http: long polls and streams; nats: the bridge's JetStream pull"
+            " requests) and how it ended (filled, delivered, expired, no_messages,"
+            " consumer_deleted, dropped, ...: for nats, the status the client was sent).",
+            ["transport", "outcome"],
+            registry=self.registry,
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+        )
+        self.pull_jobs = Counter(
+            "webhook_broker_pull_jobs",
+            "Jobs handed to waiting pull requests, by transport.",
+            ["transport"],
+            registry=self.registry,
+        )
+
         self.sweeps = Histogram(
             "webhook_broker_sweeper_run_duration_seconds",
             "Sweeper runs (requeue of expired leases) and how long each took; its _count is"
@@ -153,6 +171,11 @@ class Metrics:
 
     def statement(self, name: str, seconds: float) -> None:
         self.statements.labels(name).observe(seconds)
+
+    def pull_ended(self, transport: str, outcome: PullEnd, seconds: float, jobs: int) -> None:
+        self.pull_waits.labels(transport, outcome.name.lower()).observe(seconds)
+        if jobs:
+            self.pull_jobs.labels(transport).inc(jobs)
 
     def swept(self, seconds: float) -> None:
         self.sweeps.observe(seconds)

@@ -85,6 +85,7 @@ class Runtime:
             self.signals,
             max_claim=config.pull.max_batch,
             max_waiting=config.pull.max_waiting,
+            observe_end=self.metrics.pull_ended,
         )
         self.pulls = PullService(
             self.db,

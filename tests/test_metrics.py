@@ -169,3 +169,27 @@ async def test_lease_expiries_and_redrives_are_counted(
     samples = await scrape(client)
     assert samples[("webhook_broker_transitions_total", (("kind", "lease_expiry_requeue"),))] == 2
     assert ("webhook_broker_transitions_total", (("kind", "dead_letter"),)) not in samples
+
+
+async def test_pull_waits_are_timed_by_transport_and_ending(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client)
+    pk = await consumer_pk(runtime, "k1")
+    r = await pull(client, k1, batch=5, expires=0.3)  # nothing comes: it expires
+    assert r.status_code == 200 and r.json()["Jobs"] == []
+    waiting = asyncio.create_task(pull(client, k1, batch=5, expires=30))
+    await until_waiting(runtime, pk)
+    await publish(client, "wake")
+    assert len((await waiting).json()["Jobs"]) == 1  # a long poll ends with its first job
+
+    samples = await scrape(client)
+
+    def wait(outcome: str, suffix: str) -> float:
+        labels = (("outcome", outcome), ("transport", "http"))
+        return samples[(f"webhook_broker_pull_wait_seconds_{suffix}", labels)]
+
+    assert wait("expired", "count") == 1
+    assert 0.25 <= wait("expired", "sum") < 5
+    assert wait("delivered", "count") == 1
+    assert samples[("webhook_broker_pull_jobs_total", (("transport", "http"),))] == 1

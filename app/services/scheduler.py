@@ -117,6 +117,7 @@ class Waiter:
     terms: PullPriority = PLAIN
     pin_checked: bool = False  # pinned_client: its pin id was compared with the pin
     delivered: int = 0
+    arrived: float = 0.0  # loop time it began to wait
     expiry: asyncio.TimerHandle | None = None
     beat: asyncio.TimerHandle | None = None
 
@@ -218,6 +219,10 @@ def policy_for(consumer: Consumer) -> WaitPolicy:
     return RoundRobin()
 
 
+# (transport "http" or "nats", how the request ended, seconds it waited, jobs it was given)
+PullObserver = Callable[[str, PullEnd, float, int], None]
+
+
 class PullScheduler:
     """The waiting pull requests of this process, one queue per consumer."""
 
@@ -229,12 +234,14 @@ class PullScheduler:
         max_claim: int,
         max_waiting: int,
         policy: Callable[[Consumer], WaitPolicy] = policy_for,
+        observe_end: PullObserver | None = None,
     ) -> None:
         self.claims = claims
         self.signals = signals
         self.max_claim = max_claim
         self.max_waiting = max_waiting
         self._policy = policy
+        self.observe_end = observe_end
         self._queues: dict[int, ConsumerQueue] = {}
         self._lingering = True
         self.draining = False
@@ -348,6 +355,7 @@ class ConsumerQueue:
 
     def add(self, waiter: Waiter) -> None:
         loop = asyncio.get_running_loop()
+        waiter.arrived = loop.time()
         if waiter.expires_at is not None:
             waiter.expiry = loop.call_at(waiter.expires_at, self._expired, waiter)
         self._schedule_beat(waiter)
@@ -369,6 +377,12 @@ class ConsumerQueue:
         self._kick.set()
         self._flushable.append(waiter.sink)
         waiter.sink.end(outcome, waiter, self.due)
+        observe = self.scheduler.observe_end
+        if observe is not None:
+            # Numbered deliveries are JetStream's (the bridge); HTTP pulls carry none.
+            transport = "nats" if waiter.sink.numbered else "http"
+            waited = asyncio.get_running_loop().time() - waiter.arrived
+            observe(transport, outcome, waited, waiter.delivered)
 
     def _expired(self, waiter: Waiter) -> None:
         waiter.expiry = None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import psycopg
 from sqlalchemy import and_, select
 from sqlalchemy.engine import Row
 
@@ -385,29 +386,35 @@ class Queue:
 
     @_measured("publish", lambda published: len(published.consumer_pks) if published else 0)
     async def publish(self, new: NewMessage) -> Published | None:
-        """The message and its jobs, or None: bad credentials or a repeated message id."""
+        """The message and its jobs, or None: bad credentials, a repeated message id, or a
+        consumer deleted while the statement ran (its snapshot still named the consumer, whose
+        row was gone when the job's foreign key was checked; nothing was stored, and the next
+        run no longer sees it)."""
         if not self._postgres:
             async with self._db.transaction() as tx:
                 published = await _sqlite_publish(tx, new)
                 if published is not None:
                     tx.announce(published.consumer_pks)
             return published
-        rows = await self._db.run(
-            PUBLISH,
-            {
-                "channel_id": new.channel_id,
-                "channel_token": new.channel_token,
-                "producer_id": new.producer_id,
-                "producer_token": new.producer_token,
-                "message_id": new.message_id,
-                "payload": new.payload,
-                "payload_size": len(new.payload),
-                "content_type": new.content_type,
-                "priority": new.priority,
-                "headers": json.dumps(new.headers),
-                "scheduled_for": new.scheduled_for,
-            },
-        )
+        try:
+            rows = await self._db.run(
+                PUBLISH,
+                {
+                    "channel_id": new.channel_id,
+                    "channel_token": new.channel_token,
+                    "producer_id": new.producer_id,
+                    "producer_token": new.producer_token,
+                    "message_id": new.message_id,
+                    "payload": new.payload,
+                    "payload_size": len(new.payload),
+                    "content_type": new.content_type,
+                    "priority": new.priority,
+                    "headers": json.dumps(new.headers),
+                    "scheduled_for": new.scheduled_for,
+                },
+            )
+        except psycopg.errors.ForeignKeyViolation:
+            return None
         if not rows:
             return None
         pk, received_at, consumer_pks, _ = rows[0]

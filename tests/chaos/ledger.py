@@ -17,6 +17,7 @@ from tests.chaos.workload import (
     DOOMED_CONSUMER,
     HTTP_CONSUMER,
     NATS_CONSUMER,
+    PAYLOAD_MARK,
     PUSH_CONSUMER,
 )
 
@@ -206,6 +207,27 @@ class Ledger:
                 f"{gone.how}: exit code {gone.code} after {gone.seconds}s",
                 None,
             )
+
+    def metrics(self, process: str, status: int, text: str) -> None:
+        self.check(
+            "every process serves /metrics",
+            status == 200 and "webhook_broker_" in text,
+            process,
+            f"answered {status}",
+            None,
+        )
+
+    def logs(self, logs: dict[str, str], secrets: list[str]) -> None:
+        """No log line of any process shows a token, the signing secret or a payload."""
+        for process, text in logs.items():
+            for secret in [*secrets, PAYLOAD_MARK]:
+                self.check(
+                    "no token, secret or payload in a log",
+                    secret not in text,
+                    process,
+                    f"shows {secret[:12]}...",
+                    None,
+                )
 
     def _last_seen(self, key: JobKey) -> float | None:
         receipts = self.journal.receipts.get(key)

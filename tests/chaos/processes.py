@@ -32,6 +32,7 @@ class BrokerProcess:
     command: str
     config: Path
     env: dict[str, str] = field(default_factory=dict)
+    metrics_url: str = ""
     popen: subprocess.Popen[bytes] | None = None
     paused: bool = False
     exits: list[Exit] = field(default_factory=list)

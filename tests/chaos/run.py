@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -89,6 +90,19 @@ ack-prefix={ACK_PREFIX}
 """
 
 
+def broker_process(kind: str, n: int, config: Path, api_port: int) -> BrokerProcess:
+    """As compose runs them: an API on its port (its /metrics there), any other kind with
+    its metrics on a port of its own ([metrics] listener)."""
+    if kind == "api":
+        listen = {"WEBHOOK_BROKER__HTTP__LISTENER": f"127.0.0.1:{api_port}"}
+        metrics = f"http://127.0.0.1:{api_port}/metrics"
+    else:
+        port = free_port()
+        listen = {"WEBHOOK_BROKER__METRICS__LISTENER": f"127.0.0.1:{port}"}
+        metrics = f"http://127.0.0.1:{port}/metrics"
+    return BrokerProcess(f"{kind}{n}", kind, config, listen, metrics)
+
+
 async def ready(apis: Apis, within: float = 60) -> None:
     deadline = time.monotonic() + within
     for client in apis.clients:
@@ -101,10 +115,15 @@ async def ready(apis: Apis, within: float = 60) -> None:
             await asyncio.sleep(0.2)
 
 
-async def setup(http: httpx.AsyncClient, hook_url: str) -> None:
+async def setup(http: httpx.AsyncClient, hook_url: str) -> list[str]:
+    """The channel, its producer and consumers; the secrets no log may show (the tokens and
+    the push consumer's signing secret, which its PUT answers with)."""
+    answers: list[str] = []
+
     async def put(path: str, **form: str) -> None:
         r = await http.put(path, data=form)
         assert r.status_code == 200, r.text
+        answers.append(r.text)
 
     await put(f"/channel/{CHANNEL}", token=CHANNEL_TOKEN)
     await put(f"/producer/{PRODUCER}", token=PRODUCER_TOKEN)
@@ -120,6 +139,10 @@ async def setup(http: httpx.AsyncClient, hook_url: str) -> None:
         token=token(PUSH_CONSUMER),
         callbackUrl=hook_url,
     )
+    signing = re.findall(r"whsec_[A-Za-z0-9+/=]+", answers[-1])
+    assert signing, answers[-1]
+    consumers = (HTTP_CONSUMER, NATS_CONSUMER, DOOMED_CONSUMER, PUSH_CONSUMER)
+    return [CHANNEL_TOKEN, PRODUCER_TOKEN, *map(token, consumers), *signing]
 
 
 async def run(settings: Settings) -> dict[str, Any]:
@@ -156,16 +179,7 @@ async def _run(
         timeout=120,
     )
     ports = [free_port(), free_port()]
-    processes = [
-        BrokerProcess(
-            f"{kind}{n}",
-            kind,
-            config,
-            {"WEBHOOK_BROKER__HTTP__LISTENER": f"127.0.0.1:{ports[n]}"} if kind == "api" else {},
-        )
-        for kind in KINDS
-        for n in range(2)
-    ]
+    processes = [broker_process(kind, n, config, ports[n]) for kind in KINDS for n in range(2)]
     for process in processes:
         process.start()
     journal = Journal()
@@ -176,9 +190,9 @@ async def _run(
     try:
         apis = Apis(clients)
         await ready(apis)
-        await setup(clients[0], receiver.url)
+        secrets = await setup(clients[0], receiver.url)
         summary = await _drive(settings, rng, journal, phase, apis, processes, cluster, nats_server)
-        summary.update(await _verify(settings, journal, apis, processes, db_url))
+        summary.update(await _verify(settings, journal, apis, processes, db_url, secrets))
     finally:
         phase.stopped = True
         for process in processes:
@@ -285,10 +299,15 @@ async def _verify(
     apis: Apis,
     processes: list[BrokerProcess],
     db_url: str,
+    secrets: list[str],
 ) -> dict[str, Any]:
     book = ledger.Ledger(journal)
     status = await apis.request("GET", "/job-status")
     dlq = await apis.request("GET", "/dlq-status")
+    async with httpx.AsyncClient(timeout=10) as http:
+        for process in processes:
+            r = await http.get(process.metrics_url)
+            book.metrics(process.name, r.status_code, r.text)
     exits = await asyncio.gather(*(asyncio.to_thread(p.stop) for p in processes))
     for gone in exits:
         journal.event("exit", f"{gone.process} {gone.code} after {gone.seconds}s")
@@ -308,6 +327,7 @@ async def _verify(
     book.answers()
     book.leases_after_exit(await asyncio.to_thread(ledger.inflight, db_url))
     book.exits([e for p in processes for e in p.exits])
+    book.logs({p.name: p.log.read_text(errors="replace") for p in processes}, secrets)
     statuses: dict[str, int] = {}
     for row in jobs:
         statuses[row.status] = statuses.get(row.status, 0) + 1

@@ -33,6 +33,7 @@ PUSH_CONSUMER = "hook"
 DOOMED_CONSUMER = "doomed"  # deleted mid-run
 ACK_WAIT_SECONDS = 3
 PULL_EXPIRES_SECONDS = 5
+PAYLOAD_MARK = "chaos-payload-body"  # in every payload: no log may show it
 
 
 def token(consumer_id: str) -> str:
@@ -101,7 +102,7 @@ class Publisher:
             "X-Broker-Message-ID": message_id,
             "Content-Type": "application/json",
         }
-        body = f'{{"message": "{message_id}"}}'.encode()
+        body = f'{{"message": "{message_id}", "mark": "{PAYLOAD_MARK}"}}'.encode()
         self.journal.published[message_id] = "unknown"
         attempt = 0
         while self.phase.publishing:
