@@ -206,6 +206,9 @@ JSON_BODIES: dict[str, JsonBody] = {
             "since-nul": {"since": NUL},
             "since-naive": {"since": "2026-01-01T00:00:00"},
             "since-number": {"since": 10**30},
+            # before the first and after the last UTC time Python has
+            "since-year-1": {"since": "0001-01-01T00:00:00+01:00"},
+            "until-year-9999": {"until": "9999-12-31T23:59:59-01:00"},
             "since-after-until": {
                 "since": "2026-01-02T00:00:00Z",
                 "until": "2026-01-01T00:00:00Z",

@@ -111,6 +111,7 @@ async def test_a_scheduled_message_is_pushed_at_its_time(process: BrokerProcess)
     [
         ("tomorrow", 400, "invalid date format for X-Broker-Scheduled-For"),
         ("2030-01-01T10:00:00", 400, "invalid date format"),  # no offset: which zone?
+        ("9999-12-31T23:59:59-01:00", 400, "invalid date format"),  # past the last UTC time
         ("2001-01-01T10:00:00Z", 412, "scheduled time must be at least 0 minutes"),
     ],
 )

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
 from app.api.gateway import GatewayHmac
+from app.api.openapi import install_openapi, operation_id
 from app.api.requests import RequestIds
 from app.api.routes import consumers, jobs, messages, pull, redrives, stakeholders, status
 from app.config import Config
@@ -34,10 +35,16 @@ def create_app(
         finally:
             await owned.stop()
 
-    app = FastAPI(title="webhook-broker", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(
+        title="webhook-broker",
+        version="0.1.0",
+        lifespan=lifespan,
+        generate_unique_id_function=operation_id,
+    )
     if runtime is not None:
         app.state.runtime = runtime
     install_error_handlers(app)
+    install_openapi(app, config)
     for module in (status, stakeholders, consumers, messages, jobs, pull, redrives):
         app.include_router(module.router)
     if config.gateway_auth.enabled:

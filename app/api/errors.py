@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 
 from app.api.responses import JSONResponse
 from app.domain import errors
@@ -51,6 +52,15 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body(400, "; ".join(map(str, reasons))), status_code=400)
 
 
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals (no route: 404, another method: 405, a form it cannot parse:
+    400) in the same body as every other error."""
+    assert isinstance(exc, HTTPException)
+    status = exc.status_code
+    return JSONResponse(error_body(status, exc.detail), status_code=status, headers=exc.headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(errors.BrokerError, _broker_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)

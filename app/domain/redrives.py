@@ -4,11 +4,12 @@ task is the model: a source, an optional rate, one at a time is not required).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus
+from app.domain.times import utc_moment
 
 DEFAULT_PER_SECOND = 500
 MAX_PER_SECOND = 100_000
@@ -27,13 +28,10 @@ def _moment(body: dict[str, Any], key: str) -> datetime | None:
     raw = body.get(key)
     if raw is None:
         return None
-    try:
-        moment = datetime.fromisoformat(raw) if isinstance(raw, str) else None
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise InvalidInput(f"{key} must be an RFC 3339 time with an offset")
-    return moment.astimezone(UTC)
+    moment = utc_moment(raw)
+    if moment is None:
+        raise InvalidInput(f"{key} must be an RFC 3339 time with an offset, within years 1-9999")
+    return moment
 
 
 def parse_redrive_request(body: object) -> RedriveRequest:

@@ -11,6 +11,7 @@ from typing import TypedDict
 
 from app.domain.errors import Conflict, InvalidInput, PayloadTooLarge, PreconditionFailed
 from app.domain.models import Message
+from app.domain.times import utc_moment
 from app.services.auth import publishing_producer
 from app.store.db import Database
 from app.store.messages import MessageStore
@@ -91,11 +92,8 @@ def parse_schedule(raw: str | None, min_delay_seconds: int) -> datetime | None:
     ahead ([scheduler] min-schedule-delay-minutes), as the Go original says it."""
     if raw is None or not raw.strip():
         return None
-    try:
-        moment = datetime.fromisoformat(raw.strip())
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
+    moment = utc_moment(raw)
+    if moment is None:
         raise InvalidInput(
             "invalid date format for X-Broker-Scheduled-For, expected ISO-8601/RFC3339 format"
         )
@@ -103,7 +101,7 @@ def parse_schedule(raw: str | None, min_delay_seconds: int) -> datetime | None:
         raise PreconditionFailed(
             f"scheduled time must be at least {min_delay_seconds // 60} minutes in the future"
         )
-    return moment.astimezone(UTC)
+    return moment
 
 
 class PublishFields(TypedDict):
