@@ -22,11 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from app.api.app import create_app
 from app.config import Config, load_config_text
 from app.runtime import Runtime
+from tests.helpers_live import served
 from tests.helpers_pull import CHANNEL, publish, pull, put_consumer, setup_channel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,24 +59,8 @@ def extra_config() -> str:
 
 @pytest.fixture
 async def live(config: Config, runtime: Runtime) -> AsyncIterator[str]:
-    """The app served by uvicorn on a free loopback port: its base URL."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config, runtime),
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "uvicorn did not start"
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    async with served(config, runtime) as base:
+        yield base
 
 
 async def set_up(base: str) -> None:

@@ -11,11 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from app.api.app import create_app
 from app.config import Config
 from app.runtime import Runtime
+from tests.helpers_live import served
 from tests.helpers_pull import (
     PullConsumer,
     consumer_pk,
@@ -32,24 +31,11 @@ from tests.helpers_pull import (
 @pytest.fixture
 async def live(config: Config, runtime: Runtime) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the app served by uvicorn on a free loopback port."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config, runtime),
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "uvicorn did not start"
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=20) as http:
+    async with (
+        served(config, runtime) as base,
+        httpx.AsyncClient(base_url=base, timeout=20) as http,
+    ):
         yield http
-    server.should_exit = True
-    await task
 
 
 async def read_stream(
