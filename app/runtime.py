@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from app.bridge.advisories import advisory_link
 from app.config import Config
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.http import Poster
+from app.domain.errors import Unavailable
 from app.domain.pulls import PullLimits
 from app.metrics import Metrics
 from app.services.acking import AckService
@@ -39,6 +41,9 @@ from app.sweeper.redrives import RedriveRunner
 from app.sweeper.runner import Sweeper
 
 log = logging.getLogger(__name__)
+
+# How long a starting process waits for the database before it gives up (exit 1).
+START_WAIT_SECONDS = 60.0
 
 
 @dataclass
@@ -129,7 +134,7 @@ class Runtime:
 
     async def start(self, *, seed: bool = True) -> None:
         if seed:
-            await apply_seed(self.db, self.config.seed)
+            await self._seed()
         if self.listen and self.config.database.dialect == "postgresql":
             self.listener = NotifyListener(self.config.database.connection_url, self.signals)
             self._spawn(self.listener.run(self._stop), "notify-listener")
@@ -150,6 +155,20 @@ class Runtime:
             self._spawn(RedriveRunner(self.redrives).run(self._stop), "redrives")
         if self.run_dispatcher:
             self._start_dispatcher()
+
+    async def _seed(self) -> None:
+        """The seed, once the database answers: a process started while it restarts (a
+        deployment coming up, a crash of both) waits for it rather than exiting."""
+        deadline = time.monotonic() + START_WAIT_SECONDS
+        while True:
+            try:
+                await apply_seed(self.db, self.config.seed)
+                return
+            except Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("the database is unavailable; waiting for it to start")
+                await asyncio.sleep(1)
 
     def _start_dispatcher(self) -> None:
         broker = self.config.broker

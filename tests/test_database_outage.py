@@ -4,13 +4,16 @@ answer on each kind of route)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
+from app import runtime as runtime_module
 from app.api.app import create_app
 from app.config import load_config_text
+from app.domain.errors import Unavailable
 from app.runtime import Runtime
 from bench.pg import free_port
 
@@ -52,3 +55,18 @@ async def test_an_unreachable_database_answers_503_with_retry_after(
     assert r.status_code == 503, r.text
     assert r.headers["Retry-After"] == "1"
     assert r.json() == {"error": 503, "detail": "the database is unavailable; retry"}
+
+
+async def test_a_process_starting_without_its_database_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started while the database restarts, a process waits (START_WAIT_SECONDS) before it
+    gives up, rather than exiting at once (the chaos suite started an API in an outage)."""
+    monkeypatch.setattr(runtime_module, "START_WAIT_SECONDS", 1.5)
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/broker"
+    runtime = Runtime(load_config_text(f"[rdbms]\ndialect=postgresql\nconnection-url={url}\n"))
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        await runtime.start()
+    assert time.monotonic() - started >= 1.5
+    await runtime.stop()

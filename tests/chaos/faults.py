@@ -81,6 +81,13 @@ class Faults:
             return
         target = self.target()
         self.journal.event("fault", f"{kind} {target.name}")
+        target.busy = True
+        try:
+            await self._process_fault(kind, target)
+        finally:
+            target.busy = False
+
+    async def _process_fault(self, kind: str, target: BrokerProcess) -> None:
         if kind == "kill":
             await asyncio.to_thread(target.kill)
             await asyncio.sleep(self.rng.uniform(0.5, 2))

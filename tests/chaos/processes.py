@@ -35,6 +35,7 @@ class BrokerProcess:
     metrics_url: str = ""
     popen: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    busy: bool = False  # a fault is stopping or restarting it: its exit is the fault's
     exits: list[Exit] = field(default_factory=list)
     starts: int = 0
 
@@ -59,7 +60,7 @@ class BrokerProcess:
 
     def check(self) -> Exit | None:
         """An exit nobody asked for (recorded, and the process is gone)."""
-        if self.popen is None or self.popen.poll() is None:
+        if self.busy or self.popen is None or self.popen.poll() is None:
             return None
         gone = Exit(self.name, self.popen.returncode, "crashed", 0.0)
         self.exits.append(gone)
