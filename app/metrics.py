@@ -24,7 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.domain.models import Breaker, StatusCount
+from app.domain.models import Breaker, LedgerEntry, StatusCount
 from app.domain.pulls import PullEnd
 from app.services.push import PushTarget
 
@@ -40,6 +40,7 @@ class Snapshot(Collector):
     def __init__(self, waiting: Callable[[], int]) -> None:
         self.counts: Sequence[StatusCount] = ()
         self.targets: Sequence[PushTarget] = ()
+        self.ledger: Sequence[LedgerEntry] = ()
         self.read_at = 0.0
         self.waiting = waiting
 
@@ -78,12 +79,42 @@ class Snapshot(Collector):
             disabled.add_metric(labels, 0 if t.state.disabled_at is None else 1)
         yield breaker
         yield disabled
+        yield from self._ledger()
         waiting = GaugeMetricFamily(
             "webhook_broker_pulls_waiting",
             "Long polls and streaming pulls waiting for jobs in this process.",
         )
         waiting.add_metric([], self.waiting())
         yield waiting
+
+    def _ledger(self) -> Iterator[Metric]:
+        published = GaugeMetricFamily(
+            "webhook_broker_ledger_published_jobs",
+            "Jobs a consumer is owed: messages published to its channel since it was created"
+            " (published x fan-out, per consumer), plus those it held when counting began.",
+            labels=["channel", "consumer"],
+        )
+        removed = GaugeMetricFamily(
+            "webhook_broker_ledger_removed_jobs",
+            "A consumer's jobs deleted on purpose: DLQ purges and deletes, cancelled scheduled"
+            " messages, archived jobs.",
+            labels=["channel", "consumer"],
+        )
+        unaccounted = GaugeMetricFamily(
+            "webhook_broker_ledger_unaccounted_jobs",
+            "published - removed - (delivered + dead + inflight + queued, scheduled included),"
+            " read in one snapshot: 0 when the ledger adds up; above 0, jobs lost; below 0, jobs"
+            " made twice.",
+            labels=["channel", "consumer"],
+        )
+        for entry in self.ledger:
+            labels = [entry.channel_id, entry.consumer_id]
+            published.add_metric(labels, entry.published)
+            removed.add_metric(labels, entry.removed)
+            unaccounted.add_metric(labels, entry.unaccounted)
+        yield published
+        yield removed
+        yield unaccounted
 
 
 class Metrics:
@@ -187,9 +218,15 @@ class Metrics:
     def stale(self) -> bool:
         return time.monotonic() - self.snapshot.read_at >= JOBS_FOR
 
-    def refreshed(self, counts: Sequence[StatusCount], targets: Sequence[PushTarget]) -> None:
+    def refreshed(
+        self,
+        counts: Sequence[StatusCount],
+        targets: Sequence[PushTarget],
+        ledger: Sequence[LedgerEntry],
+    ) -> None:
         self.snapshot.counts = counts
         self.snapshot.targets = targets
+        self.snapshot.ledger = ledger
         self.snapshot.read_at = time.monotonic()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:

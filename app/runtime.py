@@ -192,7 +192,11 @@ class Runtime:
     async def scrape(self) -> bytes:
         """The process's metrics; the database-read series at most every few seconds."""
         if self.metrics.stale():
-            self.metrics.refreshed(await self.job_status.by_consumer(), await self.push.targets())
+            self.metrics.refreshed(
+                await self.job_status.by_consumer(),
+                await self.push.targets(),
+                await self.job_status.ledger(),
+            )
         return self.metrics.render()
 
     def _spawn(self, coro: object, name: str) -> None:

@@ -203,6 +203,23 @@ class StatusCount:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """A consumer's delivery ledger (app/store/ledger.py): the jobs it was owed by publishes,
+    those deleted on purpose, and those it holds (every status, scheduled ones included)."""
+
+    channel_id: str
+    consumer_id: str
+    published: int
+    removed: int
+    held: int
+
+    @property
+    def unaccounted(self) -> int:
+        """0 when it adds up; above 0: jobs lost; below: jobs made twice."""
+        return self.published - self.removed - self.held
+
+
+@dataclass(frozen=True, slots=True)
 class DeadCount:
     channel_id: str
     channel_name: str

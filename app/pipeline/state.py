@@ -71,6 +71,22 @@ UPDATE archive_batch_message b
  WHERE b.batch_id = %(batch_id)s
 """
 
+# The archived jobs, deleted and counted removed in the delivery ledger (app/store/ledger.py
+# reads it; the shard is the connection's, as there), by consumer in key order.
+_DELETE_JOBS = """
+WITH gone AS (
+    DELETE FROM job j USING archive_batch_message b
+     WHERE b.batch_id = %(batch_id)s AND NOT b.kept AND j.message_pk = b.message_pk
+    RETURNING j.consumer_pk
+), counted AS (
+    INSERT INTO job_removed (consumer_pk, shard, n)
+    SELECT consumer_pk, pg_backend_pid() %% 64, count(*) FROM gone
+     GROUP BY consumer_pk ORDER BY consumer_pk
+    ON CONFLICT (consumer_pk, shard) DO UPDATE SET n = job_removed.n + excluded.n
+)
+SELECT count(*) FROM gone
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:
@@ -206,11 +222,8 @@ class BatchStore:
             self._conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_seconds)}s'")
             self._conn.execute(_LOCK_JOBS, params)
             self._conn.execute(_MARK_KEPT, params)
-            jobs = self._conn.execute(
-                "DELETE FROM job j USING archive_batch_message b WHERE b.batch_id = %(batch_id)s"
-                " AND NOT b.kept AND j.message_pk = b.message_pk",
-                params,
-            ).rowcount
+            row = self._conn.execute(_DELETE_JOBS, params).fetchone()
+            jobs = int(row[0]) if row else 0
             messages = self._conn.execute(
                 "DELETE FROM message m USING archive_batch_message b"
                 " WHERE b.batch_id = %(batch_id)s AND NOT b.kept AND m.pk = b.message_pk",

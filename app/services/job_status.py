@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.domain.models import DeadCount, StatusCount
+from app.domain.models import DeadCount, LedgerEntry, StatusCount
 from app.store.db import Database
 from app.store.job_counts import JobCountStore
+from app.store.ledger import LedgerStore
 
 
 class JobStatusQueries:
@@ -20,3 +21,7 @@ class JobStatusQueries:
     async def dead_by_consumer(self) -> Sequence[DeadCount]:
         async with self._db.transaction() as tx:
             return await JobCountStore(tx).dead_by_consumer()
+
+    async def ledger(self) -> Sequence[LedgerEntry]:
+        async with self._db.transaction() as tx:
+            return await LedgerStore(tx).entries()

@@ -35,6 +35,7 @@ from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ClaimedJob, Cursor, Job, Message, Page
 from app.store.db import Tx, now, plus_seconds
+from app.store.ledger import LedgerStore
 from app.store.messages import message_from_row
 from app.store.pagination import decode_cursor, encode_cursor
 from app.store.schema import consumer, job, message
@@ -499,6 +500,7 @@ class JobStore:
         result = await self._tx.conn.execute(
             delete(job).where(job.c.id == job_id, job.c.consumer_pk == consumer_pk, status_is(DEAD))
         )
+        await LedgerStore(self._tx).removed({consumer_pk: result.rowcount})
         return bool(result.rowcount)
 
     async def purge_dead(self, consumer_pk: int) -> int:
@@ -506,6 +508,7 @@ class JobStore:
         result = await self._tx.conn.execute(
             delete(job).where(job.c.consumer_pk == consumer_pk, status_is(DEAD))
         )
+        await LedgerStore(self._tx).removed({consumer_pk: result.rowcount})
         return int(result.rowcount or 0)
 
     # -- sweep ---------------------------------------------------------------------------------

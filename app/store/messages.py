@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from app.domain.errors import Conflict, InvalidInput
 from app.domain.models import Cursor, Message, Page
 from app.store.db import Tx, now
+from app.store.ledger import LedgerStore
 from app.store.pagination import decode_int_cursor, page_bounds, paginate
 from app.store.schema import consumer, job, message
 from app.store.types import Timestamp
@@ -85,6 +87,7 @@ class MessageStore:
                 f"message {message_id!r} already exists in channel {channel_id!r}"
             ) from None
         stored = message_from_row(row)
+        await LedgerStore(self._tx).published(channel_id)
         fan_out = (
             insert(job)
             .from_select(
@@ -124,6 +127,17 @@ class MessageStore:
     async def cancel_scheduled(self, channel_id: str, message_id: str) -> bool:
         """Delete a scheduled message whose time has not come, and with it its jobs (none of
         them due yet, so none handed out); False when there is no such message."""
+        # Its jobs' consumers first: deleting the message deletes them (ON DELETE CASCADE), and
+        # the ledger counts them removed. None can change meanwhile (none is due yet).
+        owed = Counter(
+            (
+                await self._tx.conn.execute(
+                    select(job.c.consumer_pk)
+                    .join(message, message.c.pk == job.c.message_pk)
+                    .where(message.c.channel_id == channel_id, message.c.message_id == message_id)
+                )
+            ).scalars()
+        )
         result = await self._tx.conn.execute(
             delete(message).where(
                 message.c.channel_id == channel_id,
@@ -131,7 +145,10 @@ class MessageStore:
                 message.c.scheduled_for > now(self._tx.dialect),
             )
         )
-        return bool(result.rowcount)
+        if not result.rowcount:
+            return False
+        await LedgerStore(self._tx).removed(owed)
+        return True
 
     async def list(
         self,

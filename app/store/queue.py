@@ -38,6 +38,7 @@ from app.domain.models import ConsumerType, Message, Observe, PulledJob, ignore
 from app.store.bridge import BridgeStore
 from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Tx
 from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED, JobStore
+from app.store.ledger import SHARDS as LEDGER_SHARDS
 from app.store.messages import MessageStore
 from app.store.schema import channel, consumer, producer
 
@@ -138,11 +139,13 @@ NAMED = {
     WHERE consumer.pk = %(consumer_pk)s AND consumer.type = 'push'""",
 }
 
-# Credentials, the message, one QUEUED job per consumer of the channel, and the NOTIFY that
-# wakes their waiters. No row back: bad credentials or a repeated message id.
+# Credentials, the message, one QUEUED job per consumer of the channel, its count in the
+# delivery ledger, and the NOTIFY that wakes their waiters. No row back: bad credentials or a
+# repeated message id.
 PUBLISH = f"""
 WITH allowed AS (
-    SELECT channel.id FROM channel JOIN producer ON producer.id = %(producer_id)s
+    SELECT channel.id, channel.generation
+    FROM channel JOIN producer ON producer.id = %(producer_id)s
     WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
       AND producer.token = %(producer_token)s
 ), stored AS (
@@ -161,6 +164,13 @@ WITH allowed AS (
            stored.received_at
     FROM stored JOIN consumer ON consumer.channel_id = %(channel_id)s
     RETURNING consumer_pk
+), counted AS (
+    -- The delivery ledger (app/store/ledger.py): under the generation read in the snapshot
+    -- that chose the consumers above.
+    INSERT INTO published_count (channel_id, generation, shard, n)
+    SELECT allowed.id, allowed.generation, pg_backend_pid() %% {LEDGER_SHARDS}, 1
+    FROM allowed, stored
+    ON CONFLICT (channel_id, generation, shard) DO UPDATE SET n = published_count.n + 1
 ), told AS (
     SELECT pg_notify('{NOTIFY_CHANNEL}',
                      CASE WHEN length(pks) <= {MAX_NOTIFY_PAYLOAD} THEN pks ELSE '*' END)

@@ -45,6 +45,8 @@ channel = Table(
     Column("token", String(255), nullable=False),
     Column("created_at", Timestamp(), nullable=False),
     Column("updated_at", Timestamp(), nullable=False),
+    # Bumped by each consumer's creation (the delivery ledger, migration 0008).
+    Column("generation", BigInteger(), nullable=False, server_default="0"),
 )
 
 producer = Table(
@@ -83,6 +85,11 @@ consumer = Table(
     Column("previous_secret_until", Timestamp(), nullable=True),
     Column("max_in_flight", Integer(), nullable=True),
     Column("rate_limit", Float(), nullable=True),
+    # The delivery ledger (migration 0008): the channel generation the consumer was created in
+    # (it is owed every publish counted under it or later) and the jobs it held when counting
+    # began.
+    Column("ledger_from", BigInteger(), nullable=False, server_default="0"),
+    Column("ledger_opening", BigInteger(), nullable=False, server_default="0"),
     UniqueConstraint("channel_id", "consumer_id"),
 )
 
@@ -194,6 +201,25 @@ job_count = Table(
     metadata,
     Column("consumer_pk", BigInteger(), primary_key=True),
     Column("status", String(16), primary_key=True),
+    Column("shard", Integer(), primary_key=True),
+    Column("n", BigInteger(), nullable=False),
+)
+
+# The delivery ledger (migration 0008, where the why is; app/store/ledger.py): publishes per
+# (channel, generation), and jobs deleted on purpose per consumer, each summed over `shard`.
+# No foreign keys: a publish or a removal never waits on a lock of the row it counts for.
+published_count = Table(
+    "published_count",
+    metadata,
+    Column("channel_id", String(255), primary_key=True),
+    Column("generation", BigInteger(), primary_key=True),
+    Column("shard", Integer(), primary_key=True),
+    Column("n", BigInteger(), nullable=False),
+)
+job_removed = Table(
+    "job_removed",
+    metadata,
+    Column("consumer_pk", BigInteger(), primary_key=True),
     Column("shard", Integer(), primary_key=True),
     Column("n", BigInteger(), nullable=False),
 )

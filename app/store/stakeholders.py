@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from app.domain.models import Consumer, ConsumerType, Cursor, Page, PushSettings, Stakeholder
 from app.domain.priority import PriorityPolicy, PrioritySettings
 from app.store.db import Tx
+from app.store.ledger import LedgerStore
 from app.store.pagination import page_bounds, paginate
 from app.store.schema import channel, consumer, producer
 
@@ -147,9 +148,10 @@ class ConsumerStore:
     async def insert(self, values: dict[str, Any]) -> Consumer | None:
         try:
             async with self._tx.conn.begin_nested():
+                born = await LedgerStore(self._tx).next_generation(values["channel_id"])
                 row = (
                     await self._tx.conn.execute(
-                        insert(consumer).values(**values).returning(consumer)
+                        insert(consumer).values(**values, ledger_from=born).returning(consumer)
                     )
                 ).one()
         except IntegrityError:
@@ -162,6 +164,7 @@ class ConsumerStore:
 
     async def delete(self, pk: int) -> None:
         await self._tx.conn.execute(delete(consumer).where(consumer.c.pk == pk))
+        await LedgerStore(self._tx).forget(pk)
 
     async def for_channel(self, channel_id: str) -> Sequence[Consumer]:
         rows = await self._tx.conn.execute(

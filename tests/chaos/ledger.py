@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chaos.journal import JobKey, Journal
 from tests.chaos.processes import Exit
@@ -216,6 +217,18 @@ class Ledger:
             f"answered {status}",
             None,
         )
+        if status != 200:
+            return
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "webhook_broker_ledger_unaccounted_jobs":
+                    self.check(
+                        "the delivery ledger on /metrics adds up",
+                        sample.value == 0,
+                        f"{process} {sample.labels.get('consumer')}",
+                        f"{sample.value:+.0f} jobs unaccounted",
+                        None,
+                    )
 
     def logs(self, logs: dict[str, str], secrets: list[str]) -> None:
         """No log line of any process shows a token, the signing secret or a payload."""

@@ -51,6 +51,14 @@ def test_archive_round_trip(spark: SparkSession, pipeline: Config) -> None:
     assert query(
         pipeline, "SELECT count(*) AS n FROM job WHERE message_pk = ANY(%s)", dataset.old_terminal
     ) == [{"n": 0}]
+    # The delivery ledger counts each consumer's archived jobs as removed on purpose.
+    removed = query(
+        pipeline, "SELECT consumer_pk, sum(n) AS n FROM job_removed GROUP BY consumer_pk"
+    )
+    by_consumer: dict[object, int] = {}
+    for row in jobs:
+        by_consumer[row["consumer_pk"]] = by_consumer.get(row["consumer_pk"], 0) + 1
+    assert {r["consumer_pk"]: r["n"] for r in removed} == by_consumer
     states = batches(pipeline)
     assert len(states) == 2  # batch-size 16, 30 messages
     assert all(b["status"] == "DELETED" and b["finalized"] for b in states)

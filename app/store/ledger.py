@@ -1,0 +1,123 @@
+"""The delivery ledger: what each consumer should hold, counted apart from its job rows.
+
+A consumer is owed one job per message published to its channel since it was created (plus
+the jobs it held when counting began, `ledger_opening`); the jobs deleted on purpose are
+counted as they go. What it holds is the trigger-kept job_count. Owed - removed - held is 0
+unless a job was lost or made twice: `/metrics` exports it so an alert can say so. Why the
+generations make "since it was created" exact under concurrent publishes: migration 0008.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, delete, func, literal, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from app.domain.models import LedgerEntry
+from app.store.db import Tx
+from app.store.schema import channel, consumer, job_count, job_removed, published_count
+
+SHARDS = 64  # counter rows per key at most on PostgreSQL, as job_count
+
+
+def _shard(dialect: str) -> ColumnElement[Any]:
+    """The connection's own counter row, so concurrent writers never queue on one row (SQLite
+    has one writer at a time: one row)."""
+    if dialect == "postgresql":
+        return func.pg_backend_pid() % SHARDS
+    return literal(0)
+
+
+class LedgerStore:
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+        self._insert = postgresql.insert if tx.dialect == "postgresql" else sqlite.insert
+
+    async def next_generation(self, channel_id: str) -> int | None:
+        """The channel's generation bumped for a consumer created in this transaction (None: no
+        such channel); publishes that saw the consumer count under it or later."""
+        bumped = (
+            update(channel)
+            .where(channel.c.id == channel_id)
+            .values(generation=channel.c.generation + 1)
+            .returning(channel.c.generation)
+        )
+        value: int | None = (await self._tx.conn.execute(bumped)).scalar_one_or_none()
+        return value
+
+    async def published(self, channel_id: str) -> None:
+        """One message published to the channel, under the generation this transaction sees
+        (SQLite's publish; PostgreSQL's counts inside its one statement, app/store/queue.py)."""
+        generation = (
+            select(channel.c.generation).where(channel.c.id == channel_id).scalar_subquery()
+        )
+        counted = self._insert(published_count).from_select(
+            ["channel_id", "generation", "shard", "n"],
+            select(literal(channel_id), generation, _shard(self._tx.dialect), literal(1)),
+        )
+        await self._tx.conn.execute(
+            counted.on_conflict_do_update(
+                index_elements=[
+                    published_count.c.channel_id,
+                    published_count.c.generation,
+                    published_count.c.shard,
+                ],
+                set_={"n": published_count.c.n + 1},
+            )
+        )
+
+    async def removed(self, counts: Mapping[int, int]) -> None:
+        """Jobs deleted on purpose, by consumer pk (in key order: two connections sharing a
+        shard take their row locks in the same order)."""
+        shard = _shard(self._tx.dialect)
+        for consumer_pk, n in sorted(counts.items()):
+            if not n:
+                continue
+            added = self._insert(job_removed).from_select(
+                ["consumer_pk", "shard", "n"], select(literal(consumer_pk), shard, literal(n))
+            )
+            await self._tx.conn.execute(
+                added.on_conflict_do_update(
+                    index_elements=[job_removed.c.consumer_pk, job_removed.c.shard],
+                    set_={"n": job_removed.c.n + n},
+                )
+            )
+
+    async def forget(self, consumer_pk: int) -> None:
+        """A deleted consumer's removals (SQLite may give its pk to the next consumer)."""
+        await self._tx.conn.execute(
+            delete(job_removed).where(job_removed.c.consumer_pk == consumer_pk)
+        )
+
+    async def entries(self) -> Sequence[LedgerEntry]:
+        """Every consumer's ledger, read in one statement (one snapshot: a publish or removal
+        commits its counts with its rows, so a balanced ledger reads balanced)."""
+        owed = (
+            select(func.coalesce(func.sum(published_count.c.n), 0))
+            .where(
+                published_count.c.channel_id == consumer.c.channel_id,
+                published_count.c.generation >= consumer.c.ledger_from,
+            )
+            .scalar_subquery()
+        )
+        removed = (
+            select(func.coalesce(func.sum(job_removed.c.n), 0))
+            .where(job_removed.c.consumer_pk == consumer.c.pk)
+            .scalar_subquery()
+        )
+        held = (
+            select(func.coalesce(func.sum(job_count.c.n), 0))
+            .where(job_count.c.consumer_pk == consumer.c.pk)
+            .scalar_subquery()
+        )
+        query = select(
+            consumer.c.channel_id,
+            consumer.c.consumer_id,
+            (consumer.c.ledger_opening + owed).label("published"),
+            removed.label("removed"),
+            held.label("held"),
+        ).order_by(consumer.c.channel_id, consumer.c.consumer_id)
+        rows = await self._tx.conn.execute(query)
+        return [LedgerEntry(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in rows]
