@@ -98,6 +98,10 @@ async def test_metrics_after_a_workload(
     assert transitions == {"publish": 12, "claim": 3, "ack": 1, "term": 1}
     claims = ("webhook_broker_statement_duration_seconds_count", (("statement", "claim"),))
     assert samples[claims] >= 1
+    for who in ("k1", "k2"):  # the ledger balanced (every way out of it: tests/test_ledger.py)
+        labels = (("channel", CHANNEL), ("consumer", who))
+        assert samples[("webhook_broker_ledger_published_jobs", labels)] == 6
+        assert samples[("webhook_broker_ledger_unaccounted_jobs", labels)] == 0
 
     # A long poll waiting shows; the job counts are not read again within the interval.
     k3 = await put_consumer(client, "k3")  # made after the publishes: nothing queued
