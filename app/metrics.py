@@ -145,6 +145,7 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self._pushed_by_outcome: dict[str, Counter] = {}
         self.push_seconds = Histogram(
             "webhook_broker_push_delivery_duration_seconds",
             "Time from sending a push to its answer (or failure).",
@@ -212,7 +213,12 @@ class Metrics:
         self.sweeps.observe(seconds)
 
     def pushed(self, outcome: str, seconds: float) -> None:
-        self.push_deliveries.labels(outcome).inc()
+        # The labelled child found once per outcome: labels() takes a lock and builds a key,
+        # per delivery on the dispatcher's hottest path.
+        child = self._pushed_by_outcome.get(outcome)
+        if child is None:
+            child = self._pushed_by_outcome[outcome] = self.push_deliveries.labels(outcome)
+        child.inc()
         self.push_seconds.observe(seconds)
 
     def stale(self) -> bool:

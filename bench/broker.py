@@ -189,9 +189,17 @@ class Broker:
         self.sweeper = self._service("sweeper", "sweeper")
         await self.sweeper.start()
 
-    async def start_dispatcher(self, count: int = 1) -> list[Service]:
-        """`count` dispatcher processes (they share the work through the database)."""
-        self.dispatchers = [self._service(f"dispatcher{i}", "dispatcher") for i in range(count)]
+    async def start_dispatcher(self, count: int = 1, window: int = 200) -> list[Service]:
+        """`count` dispatcher processes (they share the work through the database), with
+        `window` deliveries in flight between them, as many as a bare loop keeps."""
+        share = str(max(1, window // count))
+        env = {
+            "WEBHOOK_BROKER__BROKER__MAX_WORKERS": share,
+            "WEBHOOK_BROKER__PUSH__MAX_IN_FLIGHT": share,
+        }
+        self.dispatchers = [
+            self._service(f"dispatcher{i}", "dispatcher", env) for i in range(count)
+        ]
         for dispatcher in self.dispatchers:
             await dispatcher.start()
         return self.dispatchers

@@ -233,7 +233,8 @@ def targets(runner: Runner) -> list[Target]:
             Target(
                 "push deliveries vs the best bare client loop",
                 ">= 50%",
-                f"{x:.1%} of {pushed[0].extra['best_client']}",
+                f"{x:.1%} of {pushed[0].extra['best_client']}"
+                f" (median of {len(pushed[0].extra.get('round_ratios', [x]))} pairs)",
                 check(x >= 0.5),
             )
         )

@@ -33,12 +33,27 @@ SIGNATURE_HEADER = "X-Broker-Signature"
 # Jobs per claim statement: a lease starts at the claim, so a chunk must be sent well within
 # it; 100 at the window's pace is a few milliseconds.
 CLAIM_CHUNK = 100
+# With the window nearly full, claiming as each slot frees made claims of a job or two: a
+# statement each, re-planned for each new size (bench: 38 jobs a claim, 0.96 ms, most of it
+# planning). A claim waits for a quarter of the window to be free, and takes one of a few
+# sizes, so each size's statement is prepared once and keeps its plan.
+CLAIM_SIZES = (100, 75, 50, 25, 16, 8, 4, 2, 1)
+# 2xx answers are recorded together: with fewer than this many waiting, the recorder lingers
+# a moment for more (bench: a fifth of the acks had been of one job).
+ACK_BATCH = 32
+ACK_LINGER = 0.002
 TARGETS_FOR = 1.0
 
 
 # Request ids: one random prefix per process and a counter (a uuid4 per delivery showed in
 # the dispatcher's profile).
-_REQUEST_IDS = (f"{uuid.uuid4().hex[:16]}{n:016x}" for n in itertools.count())
+_REQUEST_PREFIX = uuid.uuid4().hex[:16]
+_REQUEST_IDS = (f"{_REQUEST_PREFIX}{n:016x}" for n in itertools.count())
+
+
+def claim_size(room: int) -> int:
+    """The largest of CLAIM_SIZES that fits `room` (0: none does)."""
+    return next((size for size in CLAIM_SIZES if size <= room), 0)
 
 
 def webhook_id(job: PushJob) -> str:
@@ -136,6 +151,9 @@ class Dispatcher:
         self._token_header = token_header
         self._user_agent = user_agent
         self._tasks: set[asyncio.Task[None]] = set()
+        # Free slots a claim waits for (CLAIM_SIZES); a round per freed slot cost more than
+        # the delivery.
+        self._claim_at = max(1, min(CLAIM_CHUNK, max_workers) // 4)
         self._slot_freed = asyncio.Event()
         self._lanes: dict[int, Lane] = {}
         self._breakers: dict[int, Breaker] = {}  # as last seen here, to log each change once
@@ -183,8 +201,8 @@ class Dispatcher:
         the next round."""
         self._slot_freed.clear()
         free = self._max_workers - len(self._tasks)
-        if free <= 0:
-            return self._idle
+        if free < self._claim_at:
+            return self._idle  # the slot that makes it enough wakes the next round
         targets = await self._targets()
         if not targets:
             return self._idle
@@ -212,7 +230,7 @@ class Dispatcher:
                     log.info("push breaker of %s/%s: probing", consumer.channel_id, consumer.id)
                     free -= self._start(lane, await self._push.claim(consumer, 1))
                 continue
-            allowance = min(lane.allowance(now), free, CLAIM_CHUNK)
+            allowance = claim_size(min(lane.allowance(now), free))
             if allowance <= 0:
                 token_in = lane.until_token()
                 if token_in is not None:
@@ -254,7 +272,7 @@ class Dispatcher:
     def _start(self, lane: Lane, jobs: list[PushJob]) -> int:
         lane.started(len(jobs))
         for job in jobs:
-            task = asyncio.create_task(self._deliver(job, lane), name=f"push-{job.job.id}")
+            task = asyncio.create_task(self._deliver(job, lane))  # unnamed: a name per job cost
             self._tasks.add(task)
             task.add_done_callback(self._finished)
         return len(jobs)
@@ -268,7 +286,8 @@ class Dispatcher:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._slot_freed.set()
+        if self._max_workers - len(self._tasks) >= self._claim_at:
+            self._slot_freed.set()
 
     async def _sleep(self, stop: asyncio.Event, woken: asyncio.Event, seconds: float) -> None:
         waiters = [
@@ -291,6 +310,8 @@ class Dispatcher:
         while not (self._closing and not self._answered):
             await self._answered_more.wait()
             self._answered_more.clear()
+            if len(self._answered) < ACK_BATCH and not self._closing:
+                await asyncio.sleep(ACK_LINGER)
             answered, self._answered = self._answered, []
             if not answered:
                 continue
