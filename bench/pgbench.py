@@ -34,6 +34,7 @@ def pgbench_text(sql: str, **renamed: str) -> str:
     """A psycopg text as a pgbench command: each %(name)s becomes the variable :name (or the
     variable `renamed` gives it), on one line."""
     text = re.sub(r"%\((\w+)\)s", lambda m: ":" + renamed.get(m[1], m[1]), sql)
+    text = text.replace("%%", "%")  # psycopg's escaped percent sign, SQL's modulo
     lines = [line.split("--", 1)[0].strip() for line in text.strip().splitlines()]
     return " ".join(line for line in lines if line)
 
