@@ -8,6 +8,7 @@ import sys
 from datetime import UTC, datetime
 
 from app.config import Config, LogConfig
+from app.domain.errors import Unavailable
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Fields a log call may attach (`extra=`) that the JSON form writes as keys of their own.
@@ -68,3 +69,14 @@ def warn_ignored_keys(config: Config) -> None:
             "config keys with no effect yet (the Go original's, not implemented here): %s",
             ", ".join(config.ignored_keys),
         )
+
+
+def log_failure(logger: logging.Logger, message: str, *args: object) -> None:
+    """In an `except` block of a worker loop: an outage of the database is one warning line
+    (an outage repeats it every round: tracebacks would bury everything else); anything else
+    is logged with its traceback."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, Unavailable):
+        logger.warning(message + ": %s", *args, exc)
+    else:
+        logger.exception(message, *args)

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from app.config import ConfigError, load_config_text
-from app.logging import JsonFormatter
+from app.domain.errors import Unavailable
+from app.logging import JsonFormatter, log_failure
 from tests.helpers_pull import publish, pull_jobs, setup_channel
 
 
@@ -39,3 +40,25 @@ def test_log_format_is_text_or_json() -> None:
     assert load_config_text("").log.format == "text"
     with pytest.raises(ConfigError, match=r"\[log\] log-format"):
         load_config_text("[log]\nlog-format=xml\n")
+
+
+def test_a_worker_loop_logs_an_outage_in_one_line_and_a_bug_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("webhook_broker.test.worker")
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        try:
+            raise Unavailable("the database is unavailable; retry")
+        except Unavailable:
+            log_failure(logger, "sweep failed; trying again next round")
+        try:
+            raise KeyError("a bug")
+        except KeyError:
+            log_failure(logger, "claim for consumer %s failed", "k1")
+    outage, bug = caplog.records
+    assert (outage.levelno, outage.exc_info) == (logging.WARNING, None)
+    assert outage.getMessage() == (
+        "sweep failed; trying again next round: the database is unavailable; retry"
+    )
+    assert bug.levelno == logging.ERROR and bug.exc_info is not None
+    assert bug.getMessage() == "claim for consumer k1 failed"

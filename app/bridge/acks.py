@@ -27,6 +27,7 @@ from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
 from app.domain.models import Consumer, ConsumerType, Job
 from app.domain.pulls import AckItem, AckOutcome, AckResult
+from app.logging import log_failure
 from app.services.acking import AckBatch
 from app.services.bridge import BridgeService, Lookup
 
@@ -105,7 +106,7 @@ class AckProcessor:
             try:
                 await self._process(batch)
             except Exception:
-                log.exception("applying %d acks failed; they are retried", len(batch))
+                log_failure(log, "applying %d acks failed; they are retried", len(batch))
                 self._queue = batch + self._queue
                 await asyncio.sleep(0.5)
 

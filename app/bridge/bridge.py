@@ -31,6 +31,7 @@ from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
 from app.config import NatsConfig
 from app.domain.errors import Unavailable
+from app.logging import log_failure
 from app.runtime import Runtime
 from app.services.bridge import BridgeService
 
@@ -241,7 +242,7 @@ class Bridge:
                 "JetStream system temporarily unavailable",
             )
         except Exception:
-            log.exception("API request %s failed", subject)
+            log_failure(log, "API request %s failed", subject)
             answer = p.api_error("io.nats.jetstream.api.v1.error", 500, 10000, "bridge error")
         if answer is not None:
             await self.nc.publish(reply, answer)
@@ -266,7 +267,7 @@ class Bridge:
         try:
             found = await self.cache.get(*key)
         except Exception:
-            log.exception("consumer lookup for %s.%s failed", *key)
+            log_failure(log, "consumer lookup for %s.%s failed", *key)
             self._awaiting_lookup.pop(key, None)
             return
         for reply, body in self._awaiting_lookup.pop(key, []):
@@ -277,7 +278,7 @@ class Bridge:
             try:
                 self.engine.submit(found.consumer, reply, body)
             except Exception:  # one bad request must not cost the others queued beside it
-                log.exception("pull request for %s.%s failed", *key)
+                log_failure(log, "pull request for %s.%s failed", *key)
 
     def _ack(self, subject: str, reply: str | None, payload: bytes) -> None:
         token = p.parse_ack_subject(self.ack_prefix, subject)

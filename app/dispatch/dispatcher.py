@@ -24,6 +24,7 @@ from app.dispatch.flow import Lane, retry_after_seconds
 from app.dispatch.http import PUSHED_BACK, Answer, Poster
 from app.domain.models import Breaker, Consumer
 from app.domain.signing import broker_signature, secrets_in_force, standard_signatures
+from app.logging import log_failure
 from app.services.push import PushJob, PushService, PushTarget
 from app.services.signals import ANY_CONSUMER, Signals
 
@@ -179,7 +180,7 @@ class Dispatcher:
                     try:
                         wait = await self.dispatch_once()
                     except Exception:
-                        log.exception("push claim failed; retrying after the idle interval")
+                        log_failure(log, "push claim failed; retrying after the idle interval")
                     await self._sleep(stop, woken, wait)
             await self.drain()
             self._closing = True
@@ -321,7 +322,7 @@ class Dispatcher:
                 self._dirty -= resets
             except Exception:
                 # Their leases are still in the database: the sweeper requeues them.
-                log.exception("recording %d delivered jobs failed", len(answered))
+                log_failure(log, "recording %d delivered jobs failed", len(answered))
                 continue
             if closed:
                 self._forget_targets()
@@ -346,7 +347,7 @@ class Dispatcher:
             await self._record(job, lane, answer, outcome)
         except Exception:
             # The lease is still in the database: the sweeper will retry this job.
-            log.exception("recording the outcome of job %s failed", job.job.id)
+            log_failure(log, "recording the outcome of job %s failed", job.job.id)
 
     async def _record(self, job: PushJob, lane: Lane, answer: Answer, outcome: Outcome) -> None:
         if outcome.kind == "delivered":

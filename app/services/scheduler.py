@@ -43,6 +43,7 @@ from typing import Protocol
 from app.domain.models import Consumer, ConsumerType
 from app.domain.priority import PLAIN, PriorityPolicy, PullPriority
 from app.domain.pulls import ClaimBatch, Delivery, PullEnd
+from app.logging import log_failure
 from app.services import claim_ahead
 from app.services.claim_ahead import ClaimAhead, Sized
 from app.services.claiming import ClaimSource
@@ -418,7 +419,7 @@ class ConsumerQueue:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("pull queue of consumer %s failed", self.consumer.id)
+            log_failure(log, "pull queue of consumer %s failed", self.consumer.id)
         finally:
             self.finished = True
             self.scheduler._done(self)
@@ -447,7 +448,7 @@ class ConsumerQueue:
                 try:
                     await self._serve(loop)
                 except Exception:
-                    log.exception("claim for consumer %s failed; retrying", self.consumer.id)
+                    log_failure(log, "claim for consumer %s failed; retrying", self.consumer.id)
                     self._dirty = True
                     await asyncio.sleep(RETRY_SECONDS)
                 await self._flush()

@@ -57,7 +57,7 @@ class Database:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        with refused_values():
+        with driver_errors_as_domain():
             async with self._begin() as tx:
                 yield tx
         if tx.announced:
@@ -87,7 +87,7 @@ class Database:
         alone, or inside `tx` on that transaction's own driver connection."""
         if tx is None:
             return await self.run_alone(sql, params)
-        with refused_values():
+        with driver_errors_as_domain():
             raw = await tx.conn.get_raw_connection()
             driver = raw.driver_connection
             assert driver is not None
@@ -104,7 +104,7 @@ class Database:
         compilation. `sql` uses the driver's %(name)s placeholders. `prepare`: psycopg's
         (None: prepared once it has run a few times, then usually with a generic plan).
         """
-        with refused_values():
+        with driver_errors_as_domain():
             return await self._run_alone(sql, params, prepare)
 
     async def _run_alone(
@@ -158,7 +158,7 @@ _UNREACHABLE = (
 
 
 @contextmanager
-def refused_values() -> Iterator[None]:
+def driver_errors_as_domain() -> Iterator[None]:
     """The one driver-error boundary. A value the database cannot store or compare (a NUL in a
     text, a number past a column's range) came from a client, so it is that client's bad
     input, whichever entry point and driver ran the statement; a database that is down or

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from app.logging import log_failure
 from app.services.redrives import IDLE_LOOK, RedriveService
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ class RedriveRunner:
             try:
                 pause = await self._redrives.step()
             except Exception:
-                log.exception("redrive step failed; trying again shortly")
+                log_failure(log, "redrive step failed; trying again shortly")
                 pause = IDLE_LOOK
             if pause > 0:
                 with contextlib.suppress(TimeoutError):

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from app.logging import log_failure
 from app.services.sweeping import SweepService
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Sweeper:
                         log.info("pin of group %s of consumer %s lapsed", group, consumer_pk)
                     pause = await self._pause()
                 except Exception:
-                    log.exception("sweep failed; trying again next round")
+                    log_failure(log, "sweep failed; trying again next round")
                     pause = self._interval
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=pause)
@@ -86,4 +87,4 @@ class Sweeper:
                 if await self._sweeps.vacuum_if_needed(self._vacuum_min_dead):
                     log.info("vacuumed the job table in %.1f s", time.monotonic() - started)
             except Exception:
-                log.exception("vacuum of the job table failed; trying again next round")
+                log_failure(log, "vacuum of the job table failed; trying again next round")
