@@ -191,3 +191,33 @@ async def test_pull_waits_are_timed_by_transport_and_ending(
     assert 0.25 <= wait("expired", "sum") < 5
     assert wait("delivered", "count") == 1
     assert samples[("webhook_broker_pull_jobs_total", (("transport", "http"),))] == 1
+
+
+@pytest.mark.parametrize(
+    "extra_config", ["[broker]\nmax-retry=1\nretry-backoff-delays-in-seconds=1\n"], ids=["config"]
+)
+async def test_naks_and_a_dead_letter_are_counted_and_the_ledger_stays_balanced(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client)
+    await publish(client, "m0")
+    for attempt in (1, 2):  # the second nak finds the retries used up: a dead letter
+        [job] = await pull_jobs(client, k1)
+        r = await client.post(
+            k1.job(job["ID"]) + "/ack",
+            json={"type": "nak", "delay": 0, "attempt": attempt},
+            headers=k1.auth,
+        )
+        assert r.status_code == 202, r.text
+    runtime.metrics.snapshot.read_at = 0.0
+    samples = await scrape(client)
+    transitions = {
+        dict(labels)["kind"]: value
+        for (name, labels), value in samples.items()
+        if name == "webhook_broker_transitions_total"
+    }
+    assert transitions == {"publish": 1, "claim": 2, "nak": 2, "dead_letter": 1}
+    assert jobs_of(samples, "k1") == {"DEAD": 1}
+    labels = (("channel", CHANNEL), ("consumer", "k1"))
+    assert samples[("webhook_broker_ledger_published_jobs", labels)] == 1
+    assert samples[("webhook_broker_ledger_unaccounted_jobs", labels)] == 0

@@ -152,3 +152,6 @@ for await (const line of lines) {
   }
   process.stdout.write(JSON.stringify(answer) + "\n");
 }
+// stdin closed: the test is done with us. A connection left open would keep node running
+// until the test's teardown gave up waiting and killed it.
+if (nc && !nc.isClosed()) await nc.close();
