@@ -16,6 +16,7 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from app.config import Config
+from app.dispatch import dispatcher
 from app.dispatch.http import Poster
 from tests.receiver import Receiver, running_receiver
 from tests.test_push import broker, job_of, publish, setup_push, wait_for_status
@@ -254,6 +255,44 @@ async def test_a_hanging_endpoint_holds_only_its_own_window(
     beside = await pace("beside", 60)
     assert hanging, "the hanging endpoint was called"
     assert beside <= alone * 1.25, (alone, beside)  # within 20% of the rate alone
+
+
+async def test_endpoints_that_hang_in_most_slots_leave_the_rest_to_the_others(
+    http: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """A hanging consumer allowed 7 of the 8 slots: the one left is below the quarter of the
+    window a claim waits for, and is claimed for the healthy consumer all the same, at most
+    CLAIM_WAIT later (not when the hanging deliveries time out)."""
+
+    def respond(path: str, _n: int) -> tuple[int, float]:
+        return (200, 30.0) if path == "/hang" else (200, 0.1)
+
+    receiver.respond = respond
+    assert (await http.put("/channel/c1", data={"token": "ct"})).status_code == 200
+    assert (await http.put("/producer/p1", data={"token": "pt"})).status_code == 200
+    r = await http.put(
+        "/channel/c1/consumer/hang",
+        data={"token": "ht", "callbackUrl": receiver.url + "/hang", "maxInFlight": "7"},
+    )
+    assert r.status_code == 200, r.text
+    for n in range(7):
+        await publish(http, b"x", f"h{n}")
+    await until(lambda: receiver.count("/hang") >= 7)  # 7 of the 8 slots held
+    r = await http.put(
+        "/channel/c1/consumer/k1", data={"token": "kt", "callbackUrl": receiver.url + "/ok"}
+    )
+    assert r.status_code == 200, r.text
+    await asyncio.sleep(dispatcher.TARGETS_FOR + 0.1)  # the dispatcher knows k1 now
+    started = time.monotonic()
+    await publish(http, b"x", "m0")
+    await until(lambda: receiver.count("/ok") >= 1, within=30)
+    first = time.monotonic() - started
+    # At once, in the slot left (100 ms the delivery); waiting for a quarter of the window to
+    # be free waited for the hanging deliveries' 2 s timeout (0.8 s from here).
+    assert first < 0.5, first
+    for n in range(1, 10):
+        await publish(http, b"x", f"m{n}")
+    await until(lambda: receiver.count("/ok") >= 10, within=30)
 
 
 async def test_callbacks_to_metadata_addresses_are_refused(

@@ -37,8 +37,10 @@ CLAIM_CHUNK = 100
 # With the window nearly full, claiming as each slot frees made claims of a job or two: a
 # statement each, re-planned for each new size (bench: 38 jobs a claim, 0.96 ms, most of it
 # planning). A claim waits for a quarter of the window to be free, and takes one of a few
-# sizes, so each size's statement is prepared once and keeps its plan.
+# sizes, so each size's statement is prepared once and keeps its plan. It waits CLAIM_WAIT at
+# most: slots held by endpoints that hang must not keep the few free ones from the others.
 CLAIM_SIZES = (100, 75, 50, 25, 16, 8, 4, 2, 1)
+CLAIM_WAIT = 0.05
 # 2xx answers are recorded together: with fewer than this many waiting, the recorder lingers
 # a moment for more (bench: a fifth of the acks had been of one job).
 ACK_BATCH = 32
@@ -155,6 +157,7 @@ class Dispatcher:
         # Free slots a claim waits for (CLAIM_SIZES); a round per freed slot cost more than
         # the delivery.
         self._claim_at = max(1, min(CLAIM_CHUNK, max_workers) // 4)
+        self._claimed_at = 0.0  # when a round last went on to claim
         self._slot_freed = asyncio.Event()
         self._lanes: dict[int, Lane] = {}
         self._breakers: dict[int, Breaker] = {}  # as last seen here, to log each change once
@@ -202,8 +205,16 @@ class Dispatcher:
         the next round."""
         self._slot_freed.clear()
         free = self._max_workers - len(self._tasks)
+        # Too few free slots to claim for: the slot that makes it enough wakes the next round,
+        # and CLAIM_WAIT after the last claim the few free ones are claimed for all the same
+        # (these looks run no statement).
+        if free <= 0:
+            return CLAIM_WAIT
         if free < self._claim_at:
-            return self._idle  # the slot that makes it enough wakes the next round
+            waited = time.monotonic() - self._claimed_at
+            if waited < CLAIM_WAIT:
+                return CLAIM_WAIT - waited
+        self._claimed_at = time.monotonic()
         targets = await self._targets()
         if not targets:
             return self._idle
@@ -244,8 +255,8 @@ class Dispatcher:
             else:
                 short.append(consumer)
         if more:
-            # More may be due: claim again at once, or, with every slot busy, when one frees.
-            return 0.0 if free > 0 else self._idle
+            # More may be due: claim again at once, or, with every slot busy, when some free.
+            return 0.0 if free > 0 else CLAIM_WAIT
         if short:
             next_due = await self._push.next_due(short)
             if next_due is not None:

@@ -127,24 +127,31 @@ class MessageStore:
     async def cancel_scheduled(self, channel_id: str, message_id: str) -> bool:
         """Delete a scheduled message whose time has not come, and with it its jobs (none of
         them due yet, so none handed out); False when there is no such message."""
-        # Its jobs' consumers first: deleting the message deletes them (ON DELETE CASCADE), and
-        # the ledger counts them removed. None can change meanwhile (none is due yet).
+        # The message first, locked: its jobs were committed with it, so they are all there
+        # and stay so (none is due yet); deleting it deletes them (ON DELETE CASCADE), and the
+        # ledger counts them removed.
+        not_due = message.c.scheduled_for > now(self._tx.dialect)
+        found = (
+            await self._tx.conn.execute(
+                select(message.c.pk)
+                .where(
+                    message.c.channel_id == channel_id,
+                    message.c.message_id == message_id,
+                    not_due,
+                )
+                .with_for_update()
+            )
+        ).scalar_one_or_none()
+        if found is None:
+            return False
         owed = Counter(
             (
                 await self._tx.conn.execute(
-                    select(job.c.consumer_pk)
-                    .join(message, message.c.pk == job.c.message_pk)
-                    .where(message.c.channel_id == channel_id, message.c.message_id == message_id)
+                    select(job.c.consumer_pk).where(job.c.message_pk == found)
                 )
             ).scalars()
         )
-        result = await self._tx.conn.execute(
-            delete(message).where(
-                message.c.channel_id == channel_id,
-                message.c.message_id == message_id,
-                message.c.scheduled_for > now(self._tx.dialect),
-            )
-        )
+        result = await self._tx.conn.execute(delete(message).where(message.c.pk == found, not_due))
         if not result.rowcount:
             return False
         await LedgerStore(self._tx).removed(owed)

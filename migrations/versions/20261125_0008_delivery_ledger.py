@@ -16,7 +16,9 @@ generation it read in the same snapshot as the consumers it fanned out to: a con
 exactly the publishes counted under its generation or later.
 
 The counters are sharded by connection on PostgreSQL (as job_count is) so concurrent
-publishers never queue on one row. Jobs already there are each consumer's opening balance.
+publishers never queue on one row. Jobs already there are each consumer's opening balance:
+stop the processes of older versions before migrating (compose runs `migrate` before the
+rest), since they publish and delete without counting.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        # Publishes wait while the opening balances are read (they read consumer).
-        op.execute("LOCK TABLE consumer, job IN SHARE ROW EXCLUSIVE MODE")
+        # Every lock this needs, taken at once in one order before anything else: the ALTERs
+        # below take channel and consumer, and writers of job must wait while the opening
+        # balances are read. Taken one by one, a publish holding channel and waiting for job
+        # behind this would deadlock with it.
+        op.execute("LOCK TABLE channel, consumer, job IN ACCESS EXCLUSIVE MODE")
     with op.batch_alter_table("channel") as batch:
         batch.add_column(
             sa.Column("generation", sa.BigInteger(), nullable=False, server_default="0")
