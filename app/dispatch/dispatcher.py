@@ -39,7 +39,7 @@ CLAIM_CHUNK = 100
 # planning). A claim waits for a quarter of the window to be free, and takes one of a few
 # sizes, so each size's statement is prepared once and keeps its plan. It waits CLAIM_WAIT at
 # most: slots held by endpoints that hang must not keep the few free ones from the others.
-CLAIM_SIZES = (100, 75, 50, 25, 16, 8, 4, 2, 1)
+CLAIM_SIZES = (CLAIM_CHUNK, 75, 50, 25, 16, 8, 4, 2, 1)
 CLAIM_WAIT = 0.05
 # 2xx answers are recorded together: with fewer than this many waiting, the recorder lingers
 # a moment for more (bench: a fifth of the acks had been of one job).

@@ -13,11 +13,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, case, func, select, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.jobs import JobStatus
 from app.domain.models import ConsumerType, StreamState
-from app.store.db import Tx, now
+from app.store.db import Tx, now, upsert
 from app.store.jobs import status_in, status_is
 from app.store.schema import bridge_consumer, channel, consumer, job, message
 
@@ -45,8 +44,7 @@ class BridgeStore:
     async def record_delivery(self, consumer_pk: int, last_seq: int, last_stream_seq: int) -> None:
         """Remember the newest delivery of a consumer (never moves backwards)."""
         table = bridge_consumer
-        dialect_insert = postgresql.insert if self._tx.dialect == "postgresql" else sqlite.insert
-        stmt = dialect_insert(table).values(
+        stmt = upsert(self._tx.dialect, table).values(
             consumer_pk=consumer_pk,
             last_delivery_seq=last_seq,
             last_stream_seq=last_stream_seq,

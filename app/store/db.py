@@ -8,8 +8,9 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol
 
 import psycopg
-from sqlalchemy import ColumnElement, Float, cast, event, func, literal_column, text
+from sqlalchemy import ColumnElement, Float, Table, cast, event, func, literal_column, text
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -253,3 +254,9 @@ def plus_seconds(
     if dialect == "sqlite":
         return moment + seconds
     return moment + cast(seconds, Float) * literal_column("interval '1 second'")
+
+
+def upsert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT into `table` that takes ON CONFLICT DO UPDATE, in the dialect's construct
+    (both databases have the clause; SQLAlchemy spells it per dialect)."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)

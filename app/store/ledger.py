@@ -13,10 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, delete, func, literal, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.models import LedgerEntry
-from app.store.db import Tx
+from app.store.db import Tx, upsert
 from app.store.schema import channel, consumer, job_count, job_removed, published_count
 
 SHARDS = 64  # counter rows per key at most on PostgreSQL, as job_count
@@ -33,7 +32,6 @@ def _shard(dialect: str) -> ColumnElement[Any]:
 class LedgerStore:
     def __init__(self, tx: Tx) -> None:
         self._tx = tx
-        self._insert = postgresql.insert if tx.dialect == "postgresql" else sqlite.insert
 
     async def next_generation(self, channel_id: str) -> int | None:
         """The channel's generation bumped for a consumer created in this transaction (None: no
@@ -53,7 +51,7 @@ class LedgerStore:
         generation = (
             select(channel.c.generation).where(channel.c.id == channel_id).scalar_subquery()
         )
-        counted = self._insert(published_count).from_select(
+        counted = upsert(self._tx.dialect, published_count).from_select(
             ["channel_id", "generation", "shard", "n"],
             select(literal(channel_id), generation, _shard(self._tx.dialect), literal(1)),
         )
@@ -75,7 +73,7 @@ class LedgerStore:
         for consumer_pk, n in sorted(counts.items()):
             if not n:
                 continue
-            added = self._insert(job_removed).from_select(
+            added = upsert(self._tx.dialect, job_removed).from_select(
                 ["consumer_pk", "shard", "n"], select(literal(consumer_pk), shard, literal(n))
             )
             await self._tx.conn.execute(

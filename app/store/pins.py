@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.priority import DEFAULT_PRIORITY_TIMEOUT
-from app.store.db import Tx, now, plus_seconds
+from app.store.db import Tx, now, plus_seconds, upsert
 from app.store.schema import consumer, consumer_group_state
 
 state = consumer_group_state
@@ -37,10 +36,9 @@ class PinStore:
 
     async def assign(self, consumer_pk: int, group: str, pin_id: str) -> bool:
         """Pin `pin_id` unless the group is pinned already (False: someone else was first)."""
-        insert = postgresql.insert if self._tx.dialect == "postgresql" else sqlite.insert
         values = {"pinned_id": pin_id, "pinned_at": self._now, "last_pull_at": self._now}
         statement = (
-            insert(state)
+            upsert(self._tx.dialect, state)
             .values(consumer_pk=consumer_pk, group_name=group, **values)
             .on_conflict_do_update(
                 index_elements=[state.c.consumer_pk],

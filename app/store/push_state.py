@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, case, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from app.domain.models import Breaker, PushState
-from app.store.db import Tx, now, plus_seconds
+from app.store.db import Tx, now, plus_seconds, upsert
 from app.store.schema import push_state
 
 MAX_COOLDOWN_FACTOR = 32
@@ -59,9 +58,8 @@ class PushStateStore:
         where: ColumnElement[bool] | None = None,
     ) -> Any:
         """The row made with `first`, or the existing one changed by `then` (where `where`)."""
-        insert = postgresql.insert if self._tx.dialect == "postgresql" else sqlite.insert
         return (
-            insert(push_state)
+            upsert(self._tx.dialect, push_state)
             .values(consumer_pk=consumer_pk, changed_at=self._now, **first)
             .on_conflict_do_update(
                 index_elements=[push_state.c.consumer_pk],
