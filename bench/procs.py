@@ -76,6 +76,18 @@ class Service:
             return await self.proc.wait()
 
 
+def main_thread_seconds(pid: int) -> float:
+    """User + system CPU of a process's main thread alone (its Python thread, where the other
+    threads are a client's native runtime)."""
+    try:
+        for thread in psutil.Process(pid).threads():
+            if thread.id == pid:
+                return float(thread.user_time + thread.system_time)
+    except psutil.Error:
+        pass
+    return 0.0
+
+
 def cpu_seconds(pid: int, *, with_children: bool) -> float:
     """User + system CPU of a process; with children, also of its live and reaped children.
 
@@ -103,6 +115,7 @@ class CpuMeter:
     """Named groups of processes; `snapshot()` twice, then `percent()` per group (100 = a core)."""
 
     groups: dict[str, list[tuple[int, bool]]] = field(default_factory=dict)
+    main_threads: dict[str, list[int]] = field(default_factory=dict)
     _start: dict[str, float] = field(default_factory=dict)
     _end: dict[str, float] = field(default_factory=dict)
     _t0: float = 0.0
@@ -111,11 +124,17 @@ class CpuMeter:
     def add(self, group: str, pid: int, *, with_children: bool = False) -> None:
         self.groups.setdefault(group, []).append((pid, with_children))
 
+    def add_main_thread(self, group: str, pid: int) -> None:
+        """Also meter the main thread of `pid` alone, as `<group> main thread`."""
+        self.main_threads.setdefault(f"{group} main thread", []).append(pid)
+
     def _measure(self) -> dict[str, float]:
         measured = {
             group: sum(cpu_seconds(pid, with_children=kids) for pid, kids in members)
             for group, members in self.groups.items()
         }
+        for group, pids in self.main_threads.items():
+            measured[group] = sum(main_thread_seconds(pid) for pid in pids)
         # The whole machine, other sessions' processes included: tells how noisy the window was.
         machine = psutil.cpu_times()
         measured["machine"] = (

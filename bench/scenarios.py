@@ -666,6 +666,9 @@ class Runner:
                     "cpu_us_per_request": round(
                         1e6 * result["cpu_seconds"] / max(1, result["requests"]), 1
                     ),
+                    "main_thread_us_per_request": round(
+                        1e6 * result["main_thread_cpu_seconds"] / max(1, result["requests"]), 1
+                    ),
                     "errors": result["errors"],
                 },
             )
@@ -683,6 +686,7 @@ class Runner:
         dispatchers = await env.broker.start_dispatcher(s.push_dispatchers, PUSH_WINDOW)
         for dispatcher in dispatchers:
             meter.add("dispatcher", dispatcher.pid)
+            meter.add_main_thread("dispatcher", dispatcher.pid)
         try:
             await asyncio.sleep(warm)
             for dispatcher in dispatchers:
@@ -721,8 +725,11 @@ class Runner:
             self.rates["push"] = m.rate
             busy = m.cpu.get("dispatcher", 0.0) / 100.0  # cores, all dispatchers together
             m.extra["dispatcher_cpu_us_per_delivery"] = round(1e6 * busy / m.rate, 1)
+            main = m.cpu.get("dispatcher main thread", 0.0) / 100.0
+            m.extra["dispatcher_main_thread_us_per_delivery"] = round(1e6 * main / m.rate, 1)
             m.notes.append(
                 f"dispatcher CPU {m.extra['dispatcher_cpu_us_per_delivery']} us a delivery"
+                f" ({m.extra['dispatcher_main_thread_us_per_delivery']} in its main thread)"
             )
         return self.keep(m)
 

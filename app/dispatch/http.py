@@ -46,10 +46,8 @@ class Poster:
         self._checked: dict[str, tuple[float, str | None]] = {}
 
     async def _refusal(self, url: str) -> str | None:
-        """Why a URL may not be called (its host is or resolves to a blocked address)."""
-        known = self._checked.get(url)
-        if known is not None and known[0] > time.monotonic():
-            return known[1]
+        """Why a URL may not be called (its host is or resolves to a blocked address),
+        checked again once the last check is no longer trusted."""
         reason = await self._check(url)
         self._checked[url] = (time.monotonic() + RESOLVED_FOR, reason)
         return reason
@@ -71,7 +69,12 @@ class Poster:
         return f"callback host {host} resolves to a link-local address" if blocked else None
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Answer:
-        refusal = await self._refusal(url)
+        # The look-up of a trusted check stays out of a coroutine: it runs on every delivery.
+        known = self._checked.get(url)
+        if known is not None and known[0] > time.monotonic():
+            refusal = known[1]
+        else:
+            refusal = await self._refusal(url)
         if refusal is not None:
             return Answer(None, error=refusal, refused=True)
         try:
