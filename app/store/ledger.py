@@ -67,21 +67,24 @@ class LedgerStore:
         )
 
     async def removed(self, counts: Mapping[int, int]) -> None:
-        """Jobs deleted on purpose, by consumer pk (in key order: two connections sharing a
-        shard take their row locks in the same order)."""
+        """Jobs deleted on purpose, by consumer pk: one statement whatever the fan-out, its rows
+        in key order (two connections sharing a shard take their row locks in the same
+        order)."""
         shard = _shard(self._tx.dialect)
-        for consumer_pk, n in sorted(counts.items()):
-            if not n:
-                continue
-            added = upsert(self._tx.dialect, job_removed).from_select(
-                ["consumer_pk", "shard", "n"], select(literal(consumer_pk), shard, literal(n))
+        rows = [
+            {"consumer_pk": consumer_pk, "shard": shard, "n": n}
+            for consumer_pk, n in sorted(counts.items())
+            if n
+        ]
+        if not rows:
+            return
+        added = upsert(self._tx.dialect, job_removed).values(rows)
+        await self._tx.conn.execute(
+            added.on_conflict_do_update(
+                index_elements=[job_removed.c.consumer_pk, job_removed.c.shard],
+                set_={"n": job_removed.c.n + added.excluded.n},
             )
-            await self._tx.conn.execute(
-                added.on_conflict_do_update(
-                    index_elements=[job_removed.c.consumer_pk, job_removed.c.shard],
-                    set_={"n": job_removed.c.n + n},
-                )
-            )
+        )
 
     async def forget(self, consumer_pk: int) -> None:
         """A deleted consumer's removals (SQLite may give its pk to the next consumer)."""
