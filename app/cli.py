@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("webhook_broker")
 
 EXIT_CONFIG = 2
+EXIT_FAILED = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("bridge", "the NATS bridge: JetStream pull clients take jobs ([nats])"),
     ):
         sub.add_parser(name, help=text, parents=[config])
+    ledger = sub.add_parser(
+        "ledger",
+        help="every consumer's delivery ledger; --settle CHANNEL CONSUMER takes one's holdings"
+        " as its new opening balance (after a mismatch was looked into)",
+        parents=[config],
+    )
+    ledger.add_argument("--settle", nargs=2, metavar=("CHANNEL", "CONSUMER"))
     pipeline = sub.add_parser(
         "pipeline", help="Spark jobs: pipeline archive|report|all [--help]", add_help=False
     )
@@ -76,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "bridge":
         return run_async(run_bridge(config))
+    if args.command == "ledger":
+        return run_async(run_ledger(config, args.settle))
     if args.command in ("sweeper", "dispatcher"):
         return run_async(run_worker(config, args.command))
     if args.command == "serve":
@@ -89,8 +99,9 @@ def run_async(main: Coroutine[Any, Any, int]) -> int:
         import uvloop
     except ImportError:
         return asyncio.run(main)
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return asyncio.run(main)
+    # A loop of its own, not a process-wide policy: `ledger` also runs inside the test process.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def freeze_heap() -> None:
@@ -99,6 +110,39 @@ def freeze_heap() -> None:
     and again: under load the bridge paused for 55-66 ms every two seconds."""
     gc.collect()
     gc.freeze()
+
+
+async def run_ledger(config: Config, settle: Sequence[str] | None) -> int:
+    """Print the ledgers, or settle one (README, Operations: the delivery ledger)."""
+    from app.domain.errors import NotFound
+    from app.services.job_status import JobStatusQueries
+    from app.store.db import Database
+
+    db = Database.from_config(config.database)
+    queries = JobStatusQueries(db)
+    try:
+        if settle is None:
+            print("channel\tconsumer\tpublished\tremoved\theld\tunaccounted")
+            for entry in await queries.ledger():
+                print(
+                    f"{entry.channel_id}\t{entry.consumer_id}\t{entry.published}"
+                    f"\t{entry.removed}\t{entry.held}\t{entry.unaccounted}"
+                )
+            return 0
+        channel_id, consumer_id = settle
+        try:
+            before = await queries.settle_ledger(channel_id, consumer_id)
+        except NotFound as exc:
+            print(f"webhook-broker: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        print(
+            f"settled {channel_id}/{consumer_id}: {before.unaccounted} unaccounted before"
+            f" (published {before.published}, removed {before.removed}, held {before.held});"
+            " 0 from here"
+        )
+        return 0
+    finally:
+        await db.dispose()
 
 
 def migrate(config: Config) -> None:

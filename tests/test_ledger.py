@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import delete, func, insert, select
 
+from app.cli import main
 from app.runtime import Runtime
 from app.store.schema import consumer, job
 from tests.helpers_pull import (
@@ -46,7 +49,11 @@ async def ledger(client: httpx.AsyncClient, runtime: Runtime) -> Ledger:
 
 
 async def test_the_ledger_adds_up_through_every_removal(
-    client: httpx.AsyncClient, runtime: Runtime
+    client: httpx.AsyncClient,
+    runtime: Runtime,
+    rdbms: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     k1, _k2 = await setup_channel(client, "k1", "k2")
     for n in range(5):
@@ -91,6 +98,29 @@ async def test_the_ledger_adds_up_through_every_removal(
         twin = (await tx.conn.execute(select(job).where(job.c.consumer_pk == k3_pk))).one()
         await tx.conn.execute(insert(job).values({**twin._asdict(), "id": twin.id + 1000}))
     assert await ledger(client, runtime) == {"k1": (7, 3, 0), "k2": (7, 1, 1), "k3": (1, 0, -1)}
+
+    # Looked into, each is settled from the command line: what it holds becomes its opening
+    # balance, and it adds up again from there on.
+    config = tmp_path / "broker.cfg"
+    config.write_text(rdbms)
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        code = await asyncio.to_thread(main, ["--config", str(config), "ledger", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, _ = await cli()
+    assert code == 0
+    assert f"{CHANNEL}\tk2\t7\t1\t5\t1" in out.splitlines(), out
+    assert f"{CHANNEL}\tk3\t1\t0\t2\t-1" in out.splitlines(), out
+    for name, before in (("k2", 1), ("k3", -1)):
+        code, out, _ = await cli("--settle", CHANNEL, name)
+        assert code == 0 and f"{before} unaccounted before" in out, out
+    assert await ledger(client, runtime) == {"k1": (7, 3, 0), "k2": (6, 1, 0), "k3": (2, 0, 0)}
+    await publish(client, "settled")
+    assert await ledger(client, runtime) == {"k1": (8, 3, 0), "k2": (7, 1, 0), "k3": (3, 0, 0)}
+    code, _, err = await cli("--settle", CHANNEL, "nobody")
+    assert code == 1 and "no consumer nobody" in err, err
 
 
 async def test_consumers_made_while_publishing_are_owed_exactly_their_jobs(

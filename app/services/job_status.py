@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from app.domain.errors import NotFound
 from app.domain.models import DeadCount, LedgerEntry, StatusCount
 from app.store.db import Database
 from app.store.job_counts import JobCountStore
 from app.store.ledger import LedgerStore
+from app.store.stakeholders import ConsumerStore
 
 
 class JobStatusQueries:
@@ -25,3 +27,15 @@ class JobStatusQueries:
     async def ledger(self) -> Sequence[LedgerEntry]:
         async with self._db.transaction() as tx:
             return await LedgerStore(tx).entries()
+
+    async def settle_ledger(self, channel_id: str, consumer_id: str) -> LedgerEntry:
+        """Take a consumer's holdings as its new opening balance (after a mismatch was looked
+        into); returns its ledger as it read just before."""
+        async with self._db.transaction() as tx:
+            found = await ConsumerStore(tx).get(channel_id, consumer_id, for_update=True)
+            if found is None:
+                raise NotFound(f"no consumer {consumer_id} on channel {channel_id}")
+            ledger = LedgerStore(tx)
+            (before,) = await ledger.entries(found.pk)
+            await ledger.settle(found.pk)
+            return before

@@ -92,33 +92,55 @@ class LedgerStore:
             delete(job_removed).where(job_removed.c.consumer_pk == consumer_pk)
         )
 
-    async def entries(self) -> Sequence[LedgerEntry]:
-        """Every consumer's ledger, read in one statement (one snapshot: a publish or removal
-        commits its counts with its rows, so a balanced ledger reads balanced)."""
-        owed = (
-            select(func.coalesce(func.sum(published_count.c.n), 0))
-            .where(
-                published_count.c.channel_id == consumer.c.channel_id,
-                published_count.c.generation >= consumer.c.ledger_from,
-            )
-            .scalar_subquery()
-        )
-        removed = (
-            select(func.coalesce(func.sum(job_removed.c.n), 0))
-            .where(job_removed.c.consumer_pk == consumer.c.pk)
-            .scalar_subquery()
-        )
-        held = (
-            select(func.coalesce(func.sum(job_count.c.n), 0))
-            .where(job_count.c.consumer_pk == consumer.c.pk)
-            .scalar_subquery()
-        )
+    async def entries(self, consumer_pk: int | None = None) -> Sequence[LedgerEntry]:
+        """Every consumer's ledger (or one's), read in one statement (one snapshot: a publish or
+        removal commits its counts with its rows, so a balanced ledger reads balanced)."""
         query = select(
             consumer.c.channel_id,
             consumer.c.consumer_id,
-            (consumer.c.ledger_opening + owed).label("published"),
-            removed.label("removed"),
-            held.label("held"),
+            (consumer.c.ledger_opening + _owed()).label("published"),
+            _removed().label("removed"),
+            _held().label("held"),
         ).order_by(consumer.c.channel_id, consumer.c.consumer_id)
+        if consumer_pk is not None:
+            query = query.where(consumer.c.pk == consumer_pk)
         rows = await self._tx.conn.execute(query)
         return [LedgerEntry(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in rows]
+
+    async def settle(self, consumer_pk: int) -> None:
+        """The consumer's opening balance taken again, so that what it holds and had removed
+        is all it is owed: its ledger reads 0 from here (once a mismatch has been looked into).
+        One statement: the counts it reads and the balance it writes are of one snapshot."""
+        await self._tx.conn.execute(
+            update(consumer)
+            .where(consumer.c.pk == consumer_pk)
+            .values(ledger_opening=_removed() + _held() - _owed())
+        )
+
+
+def _owed() -> ColumnElement[Any]:
+    """Jobs a consumer was owed by publishes since its creation (its opening balance apart)."""
+    return (
+        select(func.coalesce(func.sum(published_count.c.n), 0))
+        .where(
+            published_count.c.channel_id == consumer.c.channel_id,
+            published_count.c.generation >= consumer.c.ledger_from,
+        )
+        .scalar_subquery()
+    )
+
+
+def _removed() -> ColumnElement[Any]:
+    return (
+        select(func.coalesce(func.sum(job_removed.c.n), 0))
+        .where(job_removed.c.consumer_pk == consumer.c.pk)
+        .scalar_subquery()
+    )
+
+
+def _held() -> ColumnElement[Any]:
+    return (
+        select(func.coalesce(func.sum(job_count.c.n), 0))
+        .where(job_count.c.consumer_pk == consumer.c.pk)
+        .scalar_subquery()
+    )
