@@ -36,11 +36,10 @@ SIGNATURE_HEADER = "X-Broker-Signature"
 CLAIM_CHUNK = 100
 # With the window nearly full, claiming as each slot frees made claims of a job or two: a
 # statement each, re-planned for each new size (bench: 38 jobs a claim, 0.96 ms, most of it
-# planning). A claim waits for half of the window to be free, and takes one of a few sizes,
-# so each size's statement is prepared once and keeps its plan; with both cores busy, fewer
-# and larger statements left more CPU for deliveries than a quarter did (README, Performance:
-# push). It waits CLAIM_WAIT at most: slots held by endpoints that hang must not keep the few
-# free ones from the others.
+# planning). A claim waits for a quarter of the window to be free, and takes one of a few
+# sizes, so each size's statement is prepared once and keeps its plan (waiting for half saved
+# a little CPU and left more slots idle: README, Performance: push). It waits CLAIM_WAIT at
+# most: slots held by endpoints that hang must not keep the few free ones from the others.
 CLAIM_SIZES = (CLAIM_CHUNK, 75, 50, 25, 16, 8, 4, 2, 1)
 CLAIM_WAIT = 0.05
 # 2xx answers are recorded together: with fewer than this many waiting, the recorder lingers
@@ -159,7 +158,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         # Free slots a claim waits for (CLAIM_SIZES); a round per freed slot cost more than
         # the delivery.
-        self._claim_at = max(1, min(CLAIM_CHUNK, max_workers) // 2)
+        self._claim_at = max(1, min(CLAIM_CHUNK, max_workers) // 4)
         self._claimed_at = 0.0  # when a round last went on to claim
         self._slot_freed = asyncio.Event()
         self._lanes: dict[int, Lane] = {}
