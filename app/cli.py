@@ -14,7 +14,12 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from app.cli_client import CLIENT_COMMANDS, add_client_commands, run_client_command
+from app.cli_client import (
+    CLIENT_COMMANDS,
+    EXIT_FAILED,
+    add_client_commands,
+    run_client_command,
+)
 from app.config import Config, ConfigError, load_config
 from app.logging import setup_logging, warn_ignored_keys
 
@@ -24,7 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("webhook_broker")
 
 EXIT_CONFIG = 2
-EXIT_FAILED = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
