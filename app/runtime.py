@@ -120,9 +120,17 @@ class Runtime:
             self.advisories,
             self.metrics.transition,
         )
+        # The dispatcher's claims and acks run on connections of its own (store/db.Held): one
+        # for the claiming loop, one for the recorder of answers. They open on first use.
+        self._dispatch_connections = self.db.held(2)
         self.push = PushService(
             self.db,
-            self.queue,
+            Queue(
+                self.db,
+                self.metrics.transition,
+                self.metrics.statement,
+                held=self._dispatch_connections,
+            ),
             config.broker.retry_policy,
             ack_wait,
             BreakerSettings(config.push.breaker_failures, config.push.breaker_cooldown_seconds),
@@ -131,6 +139,8 @@ class Runtime:
         self._draining = False
         self.listener: NotifyListener | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
+        if self._dispatch_connections is not None:
+            self._closers.append(self._dispatch_connections.close)
 
     async def start(self, *, seed: bool = True) -> None:
         if seed:

@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 
 from app.dispatch.flow import Lane, retry_after_seconds
 from app.dispatch.http import PUSHED_BACK, Answer, Poster
-from app.domain.models import Breaker, Consumer
-from app.domain.signing import broker_signature, secrets_in_force, standard_signatures
+from app.domain.models import Breaker, Consumer, PulledJob
+from app.domain.signing import Signer, secrets_in_force
 from app.logging import log_failure
 from app.services.push import PushJob, PushService, PushTarget
 from app.services.signals import ANY_CONSUMER, Signals
@@ -36,10 +36,13 @@ SIGNATURE_HEADER = "X-Broker-Signature"
 CLAIM_CHUNK = 100
 # With the window nearly full, claiming as each slot frees made claims of a job or two: a
 # statement each, re-planned for each new size (bench: 38 jobs a claim, 0.96 ms, most of it
-# planning). A claim waits for a quarter of the window to be free, and takes one of a few
-# sizes, so each size's statement is prepared once and keeps its plan (waiting for half saved
-# a little CPU and left more slots idle: README, Performance: push). It waits CLAIM_WAIT at
-# most: slots held by endpoints that hang must not keep the few free ones from the others.
+# planning). A claim waits for CLAIM_FILL free slots (half the window, if that is fewer), so
+# that a statement's fixed cost is spread over that many jobs whatever the window (a quarter
+# of 200 measured best for one dispatcher, half of 100 for each of two: README, Performance:
+# push), and takes one of a few sizes, so each size's statement is prepared once and keeps its
+# plan. It waits CLAIM_WAIT at most: slots held by endpoints that hang must not keep the few
+# free ones from the others.
+CLAIM_FILL = 50
 CLAIM_SIZES = (CLAIM_CHUNK, 75, 50, 25, 16, 8, 4, 2, 1)
 CLAIM_WAIT = 0.05
 # 2xx answers are recorded together: with fewer than this many waiting, the recorder lingers
@@ -61,49 +64,53 @@ def claim_size(room: int) -> int:
     return next((size for size in CLAIM_SIZES if size <= room), 0)
 
 
-def webhook_id(job: PushJob) -> str:
+def webhook_id(job: PulledJob) -> str:
     """Stable across the retries of one job: receivers deduplicate on it."""
-    return f"job_{job.job.id}"
+    return f"job_{job.id}"
 
 
-def delivery_headers(
-    job: PushJob, *, token_header: str, user_agent: str, now: float | None = None
-) -> dict[str, str]:
-    message = job.job
-    push = job.consumer.push
-    moment = time.time() if now is None else now
-    timestamp = int(moment)
-    headers = dict(message.headers)
-    headers.update(
-        {
-            "Content-Type": message.content_type,
-            "X-Broker-Message-Priority": str(message.priority),
-            "X-Broker-Message-ID": message.message_id,
-            "X-Broker-Channel-ID": job.consumer.channel_id,
-            "X-Broker-Consumer-ID": job.consumer.id,
-            token_header: job.consumer.token,
-            "User-Agent": user_agent,
-            "X-Request-ID": next(_REQUEST_IDS),
-            "X-Broker-Delivery-Attempt": str(job.job.attempt),
-            SIGNATURE_HEADER: broker_signature(job.consumer.token, timestamp, message.payload),
-        }
-    )
-    in_force = secrets_in_force(
-        push.signing_secret,
-        push.previous_signing_secret,
-        push.previous_secret_until,
-        datetime.fromtimestamp(moment, UTC),
-    )
-    if in_force:
-        identity = webhook_id(job)
-        headers["webhook-id"] = identity
-        headers["webhook-timestamp"] = str(timestamp)
-        headers["webhook-signature"] = standard_signatures(
-            in_force, identity, timestamp, message.payload
+class Headers:
+    """The headers of one claim's deliveries (one consumer, one moment): what they share is
+    worked out once, then each job adds its own."""
+
+    def __init__(
+        self, consumer: Consumer, *, token_header: str, user_agent: str, moment: float
+    ) -> None:
+        push = consumer.push
+        timestamp = int(moment)
+        in_force = secrets_in_force(
+            push.signing_secret,
+            push.previous_signing_secret,
+            push.previous_secret_until,
+            datetime.fromtimestamp(moment, UTC),
         )
-    if message.headers:
-        headers["X-Broker-Metadata-Headers"] = ",".join(message.headers)
-    return headers
+        self._signer = Signer(consumer.token, in_force, timestamp)
+        self._standard = bool(in_force)
+        self._shared = {
+            "X-Broker-Channel-ID": consumer.channel_id,
+            "X-Broker-Consumer-ID": consumer.id,
+            token_header: consumer.token,
+            "User-Agent": user_agent,
+        }
+        if in_force:
+            self._shared["webhook-timestamp"] = str(timestamp)
+
+    def of(self, job: PulledJob) -> dict[str, str]:
+        headers = dict(job.headers)  # the producer's, under the broker's own
+        headers.update(self._shared)
+        headers["Content-Type"] = job.content_type
+        headers["X-Broker-Message-Priority"] = str(job.priority)
+        headers["X-Broker-Message-ID"] = job.message_id
+        headers["X-Request-ID"] = next(_REQUEST_IDS)
+        headers["X-Broker-Delivery-Attempt"] = str(job.attempt)
+        headers[SIGNATURE_HEADER] = self._signer.broker(job.payload)
+        if self._standard:
+            identity = webhook_id(job)
+            headers["webhook-id"] = identity
+            headers["webhook-signature"] = self._signer.standard(identity, job.payload)
+        if job.headers:
+            headers["X-Broker-Metadata-Headers"] = ",".join(job.headers)
+        return headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +122,13 @@ class Outcome:
     delay: float = 0.0
 
 
+DELIVERED = Outcome("delivered")
+
+
 def classify(answer: Answer, retry_after_max: float) -> Outcome:
     status = answer.status
     if status is not None and 200 <= status < 300:
-        return Outcome("delivered")
+        return DELIVERED
     if status in PUSHED_BACK:
         delay = retry_after_seconds(answer.retry_after)
         if delay is not None:
@@ -158,7 +168,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[None]] = set()
         # Free slots a claim waits for (CLAIM_SIZES); a round per freed slot cost more than
         # the delivery.
-        self._claim_at = max(1, min(CLAIM_CHUNK, max_workers) // 4)
+        self._claim_at = max(1, min(CLAIM_FILL, max_workers // 2))
         self._claimed_at = 0.0  # when a round last went on to claim
         self._slot_freed = asyncio.Event()
         self._lanes: dict[int, Lane] = {}
@@ -284,9 +294,18 @@ class Dispatcher:
         self._targets_cache = None
 
     def _start(self, lane: Lane, jobs: list[PushJob]) -> int:
+        if not jobs:
+            return 0
         lane.started(len(jobs))
+        headers = Headers(
+            jobs[0].consumer,
+            token_header=self._token_header,
+            user_agent=self._user_agent,
+            moment=time.time(),
+        )
         for job in jobs:
-            task = asyncio.create_task(self._deliver(job, lane))  # unnamed: a name per job cost
+            # Unnamed: a name per job cost.
+            task = asyncio.create_task(self._deliver(job, lane, headers.of(job.job)))
             self._tasks.add(task)
             task.add_done_callback(self._finished)
         return len(jobs)
@@ -345,10 +364,7 @@ class Dispatcher:
                 log.warning("push breaker of %s/%s is now closed", c.channel_id, c.id)
                 self._breakers[pk] = Breaker.CLOSED
 
-    async def _deliver(self, job: PushJob, lane: Lane) -> None:
-        headers = delivery_headers(
-            job, token_header=self._token_header, user_agent=self._user_agent
-        )
+    async def _deliver(self, job: PushJob, lane: Lane, headers: dict[str, str]) -> None:
         started = time.perf_counter()
         try:
             answer = await self._poster.post(job.consumer.callback_url, job.job.payload, headers)
@@ -356,6 +372,12 @@ class Dispatcher:
             lane.ended()
         outcome = classify(answer, self._retry_after_max)
         self._observe(outcome.kind, time.perf_counter() - started)
+        if outcome is DELIVERED:
+            # Recorded with the others that arrive meanwhile (_record_answered).
+            lane.succeeded()
+            self._answered.append(job)
+            self._answered_more.set()
+            return
         try:
             await self._record(job, lane, answer, outcome)
         except Exception:
@@ -363,11 +385,7 @@ class Dispatcher:
             log_failure(log, "recording the outcome of job %s failed", job.job.id)
 
     async def _record(self, job: PushJob, lane: Lane, answer: Answer, outcome: Outcome) -> None:
-        if outcome.kind == "delivered":
-            lane.succeeded()
-            self._answered.append(job)
-            self._answered_more.set()
-            return
+        """Any answer but a 2xx: each in a transaction of its own."""
         status = answer.status
         if status is None or status in PUSHED_BACK:
             # The receiver asked for time, or gave no answer at all: fewer at once.

@@ -32,6 +32,11 @@ class Answer:
     refused: bool = False  # not sent: the callback is or resolves to a link-local address
 
 
+# One answer per status for those with nothing else to tell (the immutable answers are shared:
+# one made per delivery showed in the dispatcher's profile).
+_PLAIN: dict[int, Answer] = {}
+
+
 class Poster:
     def __init__(self, timeout_seconds: float, max_connections: int) -> None:
         self._client: Client = (
@@ -84,11 +89,16 @@ class Poster:
             return Answer(None, error="timed out")
         except PyreqwestError as exc:
             return Answer(None, error=f"{type(exc).__name__}: {exc}"[:500])
-        retry_after = None
-        if response.status in PUSHED_BACK:
+        status = response.status
+        if status in PUSHED_BACK:
+            retry_after = None
             with contextlib.suppress(KeyError):
                 retry_after = response.headers["retry-after"]
-        return Answer(response.status, retry_after)
+            return Answer(status, retry_after)
+        answer = _PLAIN.get(status)
+        if answer is None:
+            answer = _PLAIN[status] = Answer(status)
+        return answer
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -18,13 +18,6 @@ KEY_BYTES = 32
 MIN_KEY_BYTES, MAX_KEY_BYTES = 24, 64  # the range the specification accepts
 
 
-def broker_signature(token: str, timestamp: int, body: bytes) -> str:
-    """`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed by the consumer token>`."""
-    # hmac.digest: OpenSSL's one-shot HMAC, no Python HMAC object per delivery.
-    digest = hmac.digest(token.encode(), f"{timestamp}.".encode() + body, "sha256")
-    return f"t={timestamp},v1={digest.hex()}"
-
-
 def new_signing_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()
 
@@ -48,18 +41,31 @@ def _key(secret: str) -> bytes:
     return base64.b64decode(secret[len(SECRET_PREFIX) :])
 
 
-def standard_signature(secret: str, webhook_id: str, timestamp: int, body: bytes) -> str:
-    """`v1,<base64 HMAC-SHA256 of "id.timestamp.body">`."""
-    signed = f"{webhook_id}.{timestamp}.".encode() + body
-    digest = hmac.digest(_key(secret), signed, "sha256")
-    return "v1," + base64.b64encode(digest).decode()
+class Signer:
+    """The signatures of one consumer's deliveries at one moment: keys, timestamp and the
+    signed texts' prefixes prepared once for a claim's jobs, not once per delivery."""
 
+    def __init__(self, token: str, secrets: tuple[str, ...], timestamp: int) -> None:
+        self.timestamp = timestamp
+        self._token = token.encode()
+        self._keys = tuple(_key(secret) for secret in secrets)
+        self._broker_prefix = f"{timestamp}.".encode()
+        self._standard_infix = f".{timestamp}.".encode()
 
-def standard_signatures(
-    secrets_in_force: tuple[str, ...], webhook_id: str, timestamp: int, body: bytes
-) -> str:
-    """Space-separated, one per secret in force (two during a rotation's overlap)."""
-    return " ".join(standard_signature(s, webhook_id, timestamp, body) for s in secrets_in_force)
+    def broker(self, body: bytes) -> str:
+        """`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed by the consumer
+        token>` (hmac.digest: OpenSSL's one-shot HMAC, no Python HMAC object)."""
+        digest = hmac.digest(self._token, self._broker_prefix + body, "sha256")
+        return f"t={self.timestamp},v1={digest.hex()}"
+
+    def standard(self, webhook_id: str, body: bytes) -> str:
+        """`v1,<base64 HMAC-SHA256 of "id.timestamp.body">` per secret in force, space-separated
+        (two during a rotation's overlap; empty without a secret)."""
+        signed = webhook_id.encode() + self._standard_infix + body
+        return " ".join(
+            "v1," + base64.b64encode(hmac.digest(key, signed, "sha256")).decode()
+            for key in self._keys
+        )
 
 
 def secrets_in_force(

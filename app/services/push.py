@@ -6,9 +6,10 @@ from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from app.domain.jobs import JobStatus, RetryPolicy
-from app.domain.models import Consumer, PulledJob, PushState
+from app.domain.models import Consumer, ConsumerType, PulledJob, PushState
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.push_state import PushStateStore
@@ -16,9 +17,8 @@ from app.store.queue import Named, Queue
 from app.store.stakeholders import ConsumerStore
 
 
-@dataclass(frozen=True, slots=True)
-class PushJob:
-    """A leased job with the consumer it must be POSTed to."""
+class PushJob(NamedTuple):
+    """A leased job with the consumer it must be POSTed to (a tuple: one is made per job)."""
 
     job: PulledJob
     consumer: Consumer
@@ -84,11 +84,12 @@ class PushService:
         (swept, now another delivery's) is left alone. The consumers in `resets` had failures
         counted: their count goes back to zero and their breaker closes. Returns those whose
         state this changed."""
-        targets: defaultdict[Consumer, list[tuple[int, int | None]]] = defaultdict(list)
+        # By primary key: hashing the consumer itself hashes every one of its fields, per job.
+        targets: defaultdict[int, list[tuple[int, int | None]]] = defaultdict(list)
         for job in jobs:
-            targets[job.consumer].append((job.job.id, job.job.attempt))
-        for consumer, pairs in targets.items():
-            await self._queue.ack(Named(consumer.pk, type=consumer.type), pairs)
+            targets[job.consumer.pk].append((job.job.id, job.job.attempt))
+        for consumer_pk, pairs in targets.items():
+            await self._queue.ack(Named(consumer_pk, type=ConsumerType.PUSH), pairs)
         if not resets:
             return []
         async with self._db.transaction() as tx:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -47,14 +48,17 @@ class Tx:
 class Database:
     """The engine and the one way services open transactions."""
 
-    def __init__(self, engine: AsyncEngine, dialect: str, waker: Waker | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, dialect: str, waker: Waker | None = None, url: str = ""
+    ) -> None:
         self.engine = engine
         self.dialect = dialect
         self.waker = waker
+        self.url = url  # as configured (held connections open with it)
 
     @classmethod
     def from_config(cls, config: DatabaseConfig, waker: Waker | None = None) -> Database:
-        return cls(create_engine(config), config.dialect, waker)
+        return cls(create_engine(config), config.dialect, waker, config.connection_url)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
@@ -137,6 +141,13 @@ class Database:
         async with self.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
 
+    def held(self, size: int) -> Held | None:
+        """`size` autocommit connections of the caller's own, outside the pool (None on
+        SQLite, whose one connection is the pool's)."""
+        if self.dialect != "postgresql":
+            return None
+        return Held(libpq_url(self.url), size)
+
     async def schema_revisions(self) -> frozenset[str]:
         """The Alembic revisions the database is at (empty before the first migration)."""
         async with self.engine.connect() as conn:
@@ -145,6 +156,56 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+def libpq_url(connection_url: str) -> str:
+    """The URL as libpq takes it (no SQLAlchemy driver suffix in the scheme)."""
+    return "postgresql://" + connection_url.split("://", 1)[1]
+
+
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+class Held:
+    """A few autocommit driver connections that one hot loop keeps to itself (the push
+    dispatcher's claims and acks): a statement runs without a pool check-out, a reset and an
+    autocommit switch each side of it, which cost a dispatcher more of its Python thread than
+    decoding the rows (README, Performance: push). Connections open on first use; one that
+    fails (or whose statement is cancelled) is closed and opened again on the next use."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self._url = url
+        self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.Queue()
+        for _ in range(size):
+            self._slots.put_nowait(None)
+        self._all: set[psycopg.AsyncConnection[Any]] = set()
+
+    async def run(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """The statement (%(name)s placeholders), in its own implicit transaction."""
+        with driver_errors_as_domain():
+            conn = await self._slots.get()
+            try:
+                if conn is None or conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(
+                        self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
+                    )
+                    self._all.add(conn)
+                async with conn.cursor() as cursor:
+                    await cursor.execute(sql, params, binary=True)
+                    rows = await cursor.fetchall() if cursor.description is not None else []
+            except BaseException:
+                if conn is not None:
+                    self._all.discard(conn)
+                    await conn.close()
+                self._slots.put_nowait(None)
+                raise
+            self._slots.put_nowait(conn)
+            return rows
+
+    async def close(self) -> None:
+        for conn in list(self._all):
+            await conn.close()
+        self._all.clear()
 
 
 # A database that cannot be reached or that dropped the connection: raised by SQLAlchemy

@@ -8,15 +8,11 @@ import logging
 
 import psycopg
 
-from app.store.db import NOTIFY_CHANNEL, Waker
+from app.store.db import NOTIFY_CHANNEL, Waker, libpq_url
 
 log = logging.getLogger(__name__)
 
 STOP_CHECK_SECONDS = 0.5
-
-
-def libpq_url(connection_url: str) -> str:
-    return "postgresql://" + connection_url.split("://", 1)[1]
 
 
 class NotifyListener:

@@ -36,7 +36,7 @@ from app.domain.errors import Conflict
 from app.domain.jobs import JobStatus
 from app.domain.models import ConsumerType, Message, Observe, PulledJob, ignore
 from app.store.bridge import BridgeStore
-from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Tx
+from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Held, Tx
 from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED, JobStore
 from app.store.ledger import SHARDS as LEDGER_SHARDS
 from app.store.messages import MessageStore
@@ -381,18 +381,27 @@ def _measured(
 
 class Queue:
     """Publish, claim and ack on either database; `tx` runs a statement inside a transaction
-    the caller holds (None: on its own)."""
+    the caller holds (None: on its own, on a pooled connection or on `held` ones)."""
 
     def __init__(
         self,
         db: Database,
         observe: Observe = ignore,
         timed: Callable[[str, float], None] = lambda _statement, _seconds: None,
+        held: Held | None = None,
     ) -> None:
         self._db = db
+        self._held = held
         self._postgres = db.dialect == "postgresql"
         self._observe = observe  # (transition kind, jobs): the metrics' count of each
         self._timed = timed  # (statement, seconds): the metrics' latency of each
+
+    async def _run(
+        self, sql: str, params: dict[str, Any], tx: Tx | None = None
+    ) -> list[tuple[Any, ...]]:
+        if tx is None and self._held is not None:
+            return await self._held.run(sql, params)
+        return await self._db.run(sql, params, tx)
 
     @_measured("publish", lambda published: len(published.consumer_pks) if published else 0)
     async def publish(self, new: NewMessage) -> Published | None:
@@ -407,7 +416,7 @@ class Queue:
                     tx.announce(published.consumer_pks)
             return published
         try:
-            rows = await self._db.run(
+            rows = await self._run(
                 PUBLISH,
                 {
                     "channel_id": new.channel_id,
@@ -504,7 +513,7 @@ class Queue:
             "incremental_timeout": incremental_timeout,
             "max_bytes": max_bytes,
         }
-        rows = await self._db.run(sql, params, tx)
+        rows = await self._run(sql, params, tx)
         if not rows:
             return NOTHING
         return Claimed(
@@ -528,13 +537,13 @@ class Queue:
         if len(targets) == 1:
             ((job_id, attempt),) = targets
             params = named.params() | {"id": job_id, "attempt": attempt}
-            rows = await self._db.run(ACK[named.key, True], params, tx)
+            rows = await self._run(ACK[named.key, True], params, tx)
         else:
             params = named.params() | {
                 "ids": [i for i, _ in targets],
                 "attempts": [a for _, a in targets],
             }
-            rows = await self._db.run(ACK[named.key, False], params, tx)
+            rows = await self._run(ACK[named.key, False], params, tx)
         return {row[0] for row in rows}
 
 
