@@ -232,7 +232,12 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     push = key == "push"
     pulled_columns = ", ".join(PULLED_COLUMNS)
     returned = ", ".join(f"job.{name}" for name in [*CLAIMED_COLUMNS, "message_pk"])
-    message_columns = ", ".join(f"message.{name}" for name in MESSAGE_COLUMNS)
+    # The headers as their text: psycopg's json loader decoded each row's bytes even for the
+    # '{}' most messages carry (a sixth of the dispatcher's claim, in its Python thread).
+    message_columns = ", ".join(
+        f"message.{name}::text AS {name}" if name == "headers" else f"message.{name}"
+        for name in MESSAGE_COLUMNS
+    )
     # Push consumers all lease for the dispatcher's time; a pull consumer may set its own.
     ack_wait = (
         "%(default_ack_wait)s"
@@ -337,13 +342,22 @@ SELECT id, (SELECT count(*) FROM told) AS told FROM acked
 ACK = {(key, one): _ack_sql(key, one) for key in ("credentials", "pk") for one in (False, True)}
 
 
+def int_array(values: Sequence[int | None]) -> str:
+    """An integer array's literal, for a `%(name)s::bigint[]` parameter (None: NULL). psycopg
+    adapts a list element by element in Python: 1.4 us a job of a 64-job ack, against a
+    tenth of that for one join."""
+    if None in values:
+        return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+_HEADERS_AT = PulledJob._fields.index("headers")
+
+
 def _pulled_job(row: tuple[Any, ...]) -> PulledJob:
-    job = PulledJob._make(row[:PULLED_WIDTH])
-    # Binary results load json as Python objects; the text form only in case that changes.
-    if type(job.headers) is not dict:
-        headers = job.headers
-        job = job._replace(headers=dict(json.loads(headers) if isinstance(headers, str) else {}))
-    return job
+    text = row[_HEADERS_AT]
+    headers = dict(json.loads(text)) if text and text != "{}" else {}
+    return PulledJob._make((*row[:_HEADERS_AT], headers, *row[_HEADERS_AT + 1 : PULLED_WIDTH]))
 
 
 # -- the queue ---------------------------------------------------------------------------------
@@ -539,10 +553,8 @@ class Queue:
             params = named.params() | {"id": job_id, "attempt": attempt}
             rows = await self._run(ACK[named.key, True], params, tx)
         else:
-            params = named.params() | {
-                "ids": [i for i, _ in targets],
-                "attempts": [a for _, a in targets],
-            }
+            ids, attempts = zip(*targets, strict=True)
+            params = named.params() | {"ids": int_array(ids), "attempts": int_array(attempts)}
             rows = await self._run(ACK[named.key, False], params, tx)
         return {row[0] for row in rows}
 
