@@ -316,19 +316,21 @@ def _ack_sql(key: str, one: bool) -> str:
         if one
         else "unnest(%(ids)s::bigint[], %(attempts)s::integer[])"
     )
+    # `(SELECT pk FROM named)` is found once; joined to `given`, the consumer was looked up
+    # again for every job acked.
     return f"""
 WITH named AS ({NAMED[key]}
 ), acked AS (
     UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now()
-    FROM named, {given} AS given(id, attempt)
-    WHERE job.id = given.id AND job.consumer_pk = named.pk
+    FROM {given} AS given(id, attempt)
+    WHERE job.id = given.id AND job.consumer_pk = (SELECT pk FROM named)
       AND (job.status || '') = '{INFLIGHT}'  -- no status index: the primary key finds them
       AND (given.attempt IS NULL OR job.attempt = given.attempt)
-    RETURNING job.id, named.pk, named.max_ack_pending
+    RETURNING job.id
 ), told AS (
     -- Pulls of a consumer capped by max-ack-pending wait for in-flight jobs to end.
-    SELECT pg_notify('{NOTIFY_CHANNEL}', CAST(pk AS text)) FROM acked
-    WHERE max_ack_pending IS NOT NULL LIMIT 1
+    SELECT pg_notify('{NOTIFY_CHANNEL}', CAST(pk AS text)) FROM named
+    WHERE max_ack_pending IS NOT NULL AND EXISTS (SELECT FROM acked)
 )
 SELECT id, (SELECT count(*) FROM told) AS told FROM acked
 """
