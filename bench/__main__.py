@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--wake-samples", type=int, help="long-poll wake-up samples (default 100)")
     p.add_argument("--idle-pollers", type=int, help="idle long-pollers (default 100)")
     p.add_argument(
-        "--push-dispatchers", type=int, help="dispatcher processes in the push scenarios (1)"
+        "--push-dispatchers",
+        type=int,
+        help="dispatcher processes in the push scenarios (default: one per core)",
     )
     p.add_argument(
         "--soak",
