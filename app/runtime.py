@@ -120,8 +120,9 @@ class Runtime:
             self.advisories,
             self.metrics.transition,
         )
-        # The dispatcher's claims and acks run on connections of its own (store/db.Held): one
-        # for the claiming loop, one for the recorder of answers. They open on first use.
+        # The dispatcher's claims and acks run on connections of its own (store/db.Held), two:
+        # its claiming loop and its recorder of answers each run a statement at a time. They
+        # open on first use.
         self._dispatch_connections = self.db.held(2)
         self.push = PushService(
             self.db,

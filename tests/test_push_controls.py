@@ -260,9 +260,9 @@ async def test_a_hanging_endpoint_holds_only_its_own_window(
 async def test_endpoints_that_hang_in_most_slots_leave_the_rest_to_the_others(
     http: httpx.AsyncClient, receiver: Receiver
 ) -> None:
-    """A hanging consumer allowed 7 of the 8 slots: the one left is below the quarter of the
-    window a claim waits for, and is claimed for the healthy consumer all the same, at most
-    CLAIM_WAIT later (not when the hanging deliveries time out)."""
+    """A hanging consumer allowed 7 of the 8 slots: the one left is fewer than the free slots
+    a claim waits for (half of this window), and is claimed for the healthy consumer all the
+    same, at most CLAIM_WAIT later (not when the hanging deliveries time out)."""
 
     def respond(path: str, _n: int) -> tuple[int, float]:
         return (200, 30.0) if path == "/hang" else (200, 0.1)
@@ -287,8 +287,8 @@ async def test_endpoints_that_hang_in_most_slots_leave_the_rest_to_the_others(
     await publish(http, b"x", "m0")
     await until(lambda: receiver.count("/ok") >= 1, within=30)
     first = time.monotonic() - started
-    # At once, in the slot left (100 ms the delivery); waiting for a quarter of the window to
-    # be free waited for the hanging deliveries' 2 s timeout (0.8 s from here).
+    # At once, in the slot left (100 ms the delivery); waiting for enough free slots waited
+    # for the hanging deliveries' 2 s timeout (0.8 s from here).
     assert first < 0.5, first
     for n in range(1, 10):
         await publish(http, b"x", f"m{n}")

@@ -37,11 +37,12 @@ CLAIM_CHUNK = 100
 # With the window nearly full, claiming as each slot frees made claims of a job or two: a
 # statement each, re-planned for each new size (bench: 38 jobs a claim, 0.96 ms, most of it
 # planning). A claim waits for CLAIM_FILL free slots (half the window, if that is fewer), so
-# that a statement's fixed cost is spread over that many jobs whatever the window (a quarter
-# of 200 measured best for one dispatcher, half of 100 for each of two: README, Performance:
-# push), and takes one of a few sizes, so each size's statement is prepared once and keeps its
-# plan. It waits CLAIM_WAIT at most: slots held by endpoints that hang must not keep the few
-# free ones from the others.
+# that a statement's fixed cost is spread over that many jobs whatever the window (it waited
+# for a quarter of at most 100: two dispatchers sharing 200 then claimed 25 at a time; one
+# dispatcher measured no different with 25 or 50 within the machine's noise: README,
+# Performance: push), and takes one of a few sizes, so each size's statement is prepared once
+# and keeps its plan. It waits CLAIM_WAIT at most: slots held by endpoints that hang must not
+# keep the few free ones from the others.
 CLAIM_FILL = 50
 CLAIM_SIZES = (CLAIM_CHUNK, 75, 50, 25, 16, 8, 4, 2, 1)
 CLAIM_WAIT = 0.05
@@ -179,8 +180,8 @@ class Dispatcher:
         # Consumers whose failure count or breaker a success must reset (the rest are clean:
         # their successes write nothing but the jobs' own state).
         self._dirty: set[int] = set()
-        # 2xx answers not yet recorded: one task records all that arrived meanwhile in one
-        # transaction (a transaction per job cost more CPU than the POST).
+        # 2xx answers not yet recorded: one task records all that arrived meanwhile, in one
+        # statement per consumer (a transaction per job cost more CPU than the POST).
         self._answered: list[PushJob] = []
         self._answered_more = asyncio.Event()
         self._closing = False
@@ -296,16 +297,18 @@ class Dispatcher:
     def _start(self, lane: Lane, jobs: list[PushJob]) -> int:
         if not jobs:
             return 0
-        lane.started(len(jobs))
-        headers = Headers(
+        common = Headers(
             jobs[0].consumer,
             token_header=self._token_header,
             user_agent=self._user_agent,
             moment=time.time(),
         )
-        for job in jobs:
+        # Every job's headers before any starts: the lane counts none it will not end.
+        headers = [common.of(job.job) for job in jobs]
+        lane.started(len(jobs))
+        for job, its_headers in zip(jobs, headers, strict=True):
             # Unnamed: a name per job cost.
-            task = asyncio.create_task(self._deliver(job, lane, headers.of(job.job)))
+            task = asyncio.create_task(self._deliver(job, lane, its_headers))
             self._tasks.add(task)
             task.add_done_callback(self._finished)
         return len(jobs)
@@ -372,7 +375,7 @@ class Dispatcher:
             lane.ended()
         outcome = classify(answer, self._retry_after_max)
         self._observe(outcome.kind, time.perf_counter() - started)
-        if outcome is DELIVERED:
+        if outcome.kind == "delivered":
             # Recorded with the others that arrive meanwhile (_record_answered).
             lane.succeeded()
             self._answered.append(job)

@@ -45,10 +45,10 @@ class Signer:
     """The signatures of one consumer's deliveries at one moment: keys, timestamp and the
     signed texts' prefixes prepared once for a claim's jobs, not once per delivery."""
 
-    def __init__(self, token: str, secrets: tuple[str, ...], timestamp: int) -> None:
+    def __init__(self, token: str, in_force: tuple[str, ...], timestamp: int) -> None:
         self.timestamp = timestamp
         self._token = token.encode()
-        self._keys = tuple(_key(secret) for secret in secrets)
+        self._keys = tuple(_key(secret) for secret in in_force)
         self._broker_prefix = f"{timestamp}.".encode()
         self._standard_infix = f".{timestamp}.".encode()
 

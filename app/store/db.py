@@ -96,9 +96,7 @@ class Database:
             raw = await tx.conn.get_raw_connection()
             driver = raw.driver_connection
             assert driver is not None
-            async with driver.cursor() as cursor:
-                await cursor.execute(sql, params, binary=True)
-                return await cursor.fetchall() if cursor.description is not None else []
+            return await execute(driver, sql, params)
 
     async def run_alone(
         self, sql: str, params: dict[str, Any], *, prepare: bool | None = None
@@ -122,10 +120,7 @@ class Database:
             driver = raw.driver_connection
             assert driver is not None
             await driver.set_autocommit(True)
-            async with driver.cursor() as cursor:
-                # Binary results: timestamps and payloads decode without text parsing.
-                await cursor.execute(sql, params, prepare=prepare, binary=True)
-                rows = await cursor.fetchall() if cursor.description is not None else []
+            rows = await execute(driver, sql, params, prepare)
             await driver.set_autocommit(False)
             return rows
         except BaseException:
@@ -158,6 +153,20 @@ class Database:
         await self.engine.dispose()
 
 
+async def execute(
+    driver: psycopg.AsyncConnection[Any],
+    sql: str,
+    params: dict[str, Any],
+    prepare: bool | None = None,
+) -> list[tuple[Any, ...]]:
+    """A statement on a driver connection, its rows (none for a statement without). Binary
+    results: timestamps and payloads decode without text parsing. `prepare`: psycopg's (None:
+    prepared once it has run a few times, then usually with a generic plan)."""
+    async with driver.cursor() as cursor:
+        await cursor.execute(sql, params, prepare=prepare, binary=True)
+        return await cursor.fetchall() if cursor.description is not None else []
+
+
 def libpq_url(connection_url: str) -> str:
     """The URL as libpq takes it (no SQLAlchemy driver suffix in the scheme)."""
     return "postgresql://" + connection_url.split("://", 1)[1]
@@ -175,37 +184,43 @@ class Held:
 
     def __init__(self, url: str, size: int) -> None:
         self._url = url
+        # A slot holds an open connection, or None: one to open when it is next used.
         self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.Queue()
         for _ in range(size):
             self._slots.put_nowait(None)
-        self._all: set[psycopg.AsyncConnection[Any]] = set()
+        self._open: set[psycopg.AsyncConnection[Any]] = set()
+        self._closed = False
 
     async def run(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """The statement (%(name)s placeholders), in its own implicit transaction."""
         with driver_errors_as_domain():
             conn = await self._slots.get()
+            kept: psycopg.AsyncConnection[Any] | None = None
             try:
+                if self._closed:
+                    raise psycopg.InterfaceError("the held connections are closed")
                 if conn is None or conn.closed:
+                    if conn is not None:
+                        self._open.discard(conn)
                     conn = await psycopg.AsyncConnection.connect(
                         self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
                     )
-                    self._all.add(conn)
-                async with conn.cursor() as cursor:
-                    await cursor.execute(sql, params, binary=True)
-                    rows = await cursor.fetchall() if cursor.description is not None else []
-            except BaseException:
-                if conn is not None:
-                    self._all.discard(conn)
+                    self._open.add(conn)
+                rows = await execute(conn, sql, params)
+                kept = conn
+                return rows
+            finally:
+                # The slot goes back first, whatever closing a failed connection does.
+                self._slots.put_nowait(kept)
+                if kept is None and conn is not None:
+                    self._open.discard(conn)
                     await conn.close()
-                self._slots.put_nowait(None)
-                raise
-            self._slots.put_nowait(conn)
-            return rows
 
     async def close(self) -> None:
-        for conn in list(self._all):
+        self._closed = True
+        for conn in list(self._open):
             await conn.close()
-        self._all.clear()
+        self._open.clear()
 
 
 # A database that cannot be reached or that dropped the connection: raised by SQLAlchemy
