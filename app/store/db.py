@@ -49,16 +49,16 @@ class Database:
     """The engine and the one way services open transactions."""
 
     def __init__(
-        self, engine: AsyncEngine, dialect: str, waker: Waker | None = None, url: str = ""
+        self, engine: AsyncEngine, dialect: str, url: str, waker: Waker | None = None
     ) -> None:
         self.engine = engine
         self.dialect = dialect
-        self.waker = waker
         self.url = url  # as configured (held connections open with it)
+        self.waker = waker
 
     @classmethod
     def from_config(cls, config: DatabaseConfig, waker: Waker | None = None) -> Database:
-        return cls(create_engine(config), config.dialect, waker, config.connection_url)
+        return cls(create_engine(config), config.dialect, config.connection_url, waker)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
