@@ -20,7 +20,9 @@ from app.runtime import Runtime
 from app.store.migrate import upgrade
 from bench.pg import Cluster
 
-TEMPLATE_DB = "wb_template"
+# One template per xdist worker: on a shared server (WEBHOOK_BROKER_TEST_DATABASE_URL) each
+# worker drops and remakes its own.
+TEMPLATE_DB = f"wb_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 _counter = itertools.count()
 
 
