@@ -516,11 +516,12 @@ SECTIONS: tuple[Section, ...] = (
             ),
             Key(
                 "vacuum-interval-seconds",
-                "10",
+                "1",
                 _non_negative_int,
-                "PostgreSQL: the sweeper vacuums the job table this often (0: leave it to "
-                "autovacuum), once vacuum-min-dead-jobs row versions are dead. Claims step over "
-                "the dead index entries until a vacuum.",
+                "PostgreSQL: the sweeper looks this often (0: never; autovacuum alone) whether "
+                "vacuum-min-dead-jobs row versions of the job table are dead, and vacuums it "
+                "then; after a vacuum that took V seconds the next waits 20 V at least. Claims "
+                "step over the dead index entries until a vacuum.",
             ),
             Key(
                 "vacuum-min-dead-jobs",
@@ -834,8 +835,9 @@ class PullConfig:
     max_expires_seconds: int
     max_waiting: int
     sweep_batch_size: int
-    # The sweeper vacuums the job table this often (0: never), once this many row versions
-    # are dead: claims walk the dead index entries their predecessors left until a vacuum.
+    # The sweeper looks this often (0: never) whether this many row versions of the job table
+    # are dead, and vacuums it: claims walk the dead index entries their predecessors left
+    # until a vacuum.
     vacuum_interval_seconds: int
     vacuum_min_dead_jobs: int
 

@@ -4,6 +4,7 @@ the sweeper's pause, which ends as the earliest lease does."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 
 from app.runtime import Runtime
 from app.services.sweeping import SweepService
-from app.sweeper.runner import MIN_PAUSE, Sweeper
+from app.sweeper.runner import MIN_PAUSE, VACUUM_SPACING, Sweeper
 from tests.helpers_pull import (
     PullConsumer,
     consumer_pk,
@@ -264,3 +265,34 @@ async def test_vacuum_waits_for_enough_dead_jobs_then_runs(
     )
     assert rows[0][0] >= 1
     assert rows[0][1] < 20
+
+
+async def test_vacuums_are_spaced_by_twenty_times_their_own_length(
+    runtime: Runtime, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asked to look every 10 ms with nothing needed dead, the sweeper would vacuum without
+    pause; after a vacuum of V seconds it waits 20 V before the next (a big table's vacuum
+    reads every index whole)."""
+    if backend != "postgresql":
+        pytest.skip("the job table's vacuum is PostgreSQL's")
+    sweeper = Sweeper(
+        runtime.sweeps,
+        runtime.config.broker.rational_delay_seconds,
+        vacuum_interval_seconds=0.01,
+        vacuum_min_dead_jobs=0,
+    )
+    stop = asyncio.Event()
+    caplog.set_level("INFO", logger="app.sweeper.runner")
+    task = asyncio.create_task(sweeper.run(stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await task
+    runs = [
+        (record.created - float(record.args[0]) / 1000, record.created)  # type: ignore[index,arg-type]
+        for record in caplog.records
+        if record.getMessage().startswith("vacuumed the job table")
+    ]
+    assert len(runs) >= 2
+    for (started, ended), (next_started, _) in itertools.pairwise(runs):
+        # 3 ms for the logged length's rounding (0.05 ms, 19 times) and the clock's.
+        assert next_started - ended >= (VACUUM_SPACING - 1) * (ended - started) - 0.003
