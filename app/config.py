@@ -520,8 +520,9 @@ SECTIONS: tuple[Section, ...] = (
                 _non_negative_int,
                 "PostgreSQL: the sweeper looks this often (0: never; autovacuum alone) whether "
                 "vacuum-min-dead-jobs row versions of the job table are dead, and vacuums it "
-                "then; after a vacuum that took V seconds the next waits 20 V at least. Claims "
-                "step over the dead index entries until a vacuum.",
+                "then, but a vacuum that took V seconds is followed by the next 8 sqrt(V) seconds "
+                "after its start at the earliest. Claims step over the dead index entries until "
+                "a vacuum.",
             ),
             Key(
                 "vacuum-min-dead-jobs",

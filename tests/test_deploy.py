@@ -27,7 +27,7 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 def test_every_process_kind_is_there() -> None:
     commands = sorted(s["command"][0] for s in BROKER.values())
-    assert commands == ["api", "api", "bridge", "dispatcher", "migrate", "sweeper"]
+    assert commands == ["api", "api", "bridge", "dispatcher", "dispatcher", "migrate", "sweeper"]
     assert {"postgres", "nats", "prometheus"} <= set(SERVICES)
 
 
