@@ -20,9 +20,9 @@ from app.runtime import Runtime
 from app.store.migrate import upgrade
 from bench.pg import Cluster
 
-# One template per xdist worker: on a shared server (WEBHOOK_BROKER_TEST_DATABASE_URL) each
-# worker drops and remakes its own.
-TEMPLATE_DB = f"wb_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+# One template per test process (pytest-xdist runs several): on a shared server
+# (WEBHOOK_BROKER_TEST_DATABASE_URL) each makes its own, and drops it when its session ends.
+TEMPLATE_DB = f"wb_template_{os.getpid()}"
 _counter = itertools.count()
 
 
@@ -47,14 +47,16 @@ def pg_base_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pg_template(pg_base_url: str) -> str:
+def pg_template(pg_base_url: str) -> Iterator[str]:
     """A database migrated once by Alembic; each test clones it (CREATE DATABASE ... TEMPLATE)."""
     with psycopg.connect(pg_base_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB}")
         conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
     url = _db_url(pg_base_url, TEMPLATE_DB)
     upgrade(load_config_text(_rdbms("postgresql", url)).database)
-    return url
+    yield url
+    with psycopg.connect(pg_base_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB} WITH (FORCE)")
 
 
 @pytest.fixture(scope="session")

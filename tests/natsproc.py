@@ -3,6 +3,8 @@ ports: the bridge tests' servers and the chaos suite's."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import socket
 import subprocess
@@ -29,15 +31,35 @@ def nats_server_binary() -> str:
     return found
 
 
-def _wait_for_port(port: int, timeout: float = 10) -> None:
+def _wait_for_port(
+    port: int, process: subprocess.Popen[bytes], name: str | None = None, timeout: float = 10
+) -> None:
+    """Until the port answers, and with `name`, answers as this server: under pytest-xdist a port
+    free_port() gave out can be another worker's server by the time this one binds it, and
+    this one then exits while that one answers."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"nats-server exited ({process.returncode}); port {port} taken?")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+                info = sock.makefile("rb").readline() if name is not None else b""
+            if name is None or _server_name(info) == name:
+                return
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise RuntimeError(f"nats-server did not listen on {port}")
+
+
+def _server_name(info: bytes) -> str | None:
+    """The server_name of a client port's greeting (`INFO {...}`)."""
+    if not info.startswith(b"INFO "):
+        return None
+    try:
+        return str(json.loads(info[5:]).get("server_name"))
+    except ValueError:
+        return None
 
 
 class NatsServer:
@@ -54,7 +76,12 @@ class NatsServer:
         self.root = Path(tempfile.mkdtemp(prefix="wb-nats-"))
         self.port = free_port()
         self.leaf_port = free_port() if leafnodes else None
-        lines = [f"listen: 127.0.0.1:{self.port}", "max_payload: 8MB"]
+        self.name = f"wb-test-{os.getpid()}-{self.port}"
+        lines = [
+            f"server_name: {self.name}",
+            f"listen: 127.0.0.1:{self.port}",
+            "max_payload: 8MB",
+        ]
         if jetstream:
             lines.append(f'jetstream {{ store_dir: "{self.root / "js"}" }}')
         if authorization:
@@ -80,9 +107,9 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=open(self.root / "server.log", "ab"),  # noqa: SIM115
         )
-        _wait_for_port(self.port)
+        _wait_for_port(self.port, self.process, self.name)
         if self.leaf_port is not None:
-            _wait_for_port(self.leaf_port)
+            _wait_for_port(self.leaf_port, self.process)
 
     def stop(self) -> None:
         if self.process is not None:
