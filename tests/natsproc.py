@@ -43,9 +43,11 @@ def _wait_for_port(
             raise RuntimeError(f"nats-server exited ({process.returncode}); port {port} taken?")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-                info = sock.makefile("rb").readline() if name is not None else b""
-            if name is None or _server_name(info) == name:
-                return
+                if name is None:
+                    return
+                with sock.makefile("rb") as greeting:
+                    if _server_name(greeting.readline()) == name:
+                        return
         except OSError:
             pass
         time.sleep(0.05)
