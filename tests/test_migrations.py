@@ -140,3 +140,21 @@ async def test_instances_opening_a_rollback_journal_file_together(tmp_path: Path
             await db.dispose()
     assert modes == ["wal"] * 4
     assert path.read_bytes()[18:20] == b"\x02\x02"
+
+
+def test_the_job_table_is_stored_as_the_model_says(empty_database: DatabaseConfig) -> None:
+    # Storage parameters are outside `alembic check`: the model's and the migrated table's
+    # must agree all the same (PostgreSQL; SQLite has none).
+    upgrade(empty_database)
+    if empty_database.dialect != "postgresql":
+        return
+    wanted = metadata.tables["job"].dialect_options["postgresql"]["with"]
+    engine = create_engine(sync_url(empty_database))
+    try:
+        with engine.connect() as conn:
+            options = conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE oid = 'job'::regclass")
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert dict(option.split("=", 1) for option in options) == wanted == {"fillfactor": "50"}

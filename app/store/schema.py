@@ -191,6 +191,8 @@ job = Table(
     # Per-consumer listings by status (DLQ, in-flight counts) and a message's jobs.
     Index("ix_job_consumer_status", "consumer_pk", "status", "id"),
     Index("ix_job_message_pk", "message_pk"),
+    # Half of each page free for its rows' next versions (migration 0009_job_fillfactor).
+    postgresql_with={"fillfactor": "50"},
 )
 
 # Jobs per (consumer, status): +1 / -1 added by triggers on job in the statement that inserts,
