@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from app.runtime import Runtime
-from tests.helpers_pull import bulk_publish, setup_channel
+from app.store.jobs import PENDING_COUNT_CAP
+from app.store.queue import Named
+from tests.helpers_pull import bulk_publish, consumer_pk, setup_channel
 
 ROUNDS = 14  # psycopg prepares on the 6th call; PostgreSQL tries 5 custom plans first
 BATCH = 12  # batch acks above ten elements were once left unprepared
@@ -48,9 +51,47 @@ async def test_claim_and_batch_ack_use_generic_plans(
     )
     plans = {
         kind: [(generic, custom) for statement, generic, custom in rows if marker in statement]
-        for kind, marker in (("claim", "SKIP LOCKED"), ("ack", "unnest("))
+        for kind, marker in (("claim", "claimable_jobs("), ("ack", "unnest("))
     }
     for kind, found in plans.items():
         assert len(found) == 1, f"the {kind} was not prepared once: {found}"
         generic, custom = found[0]
         assert generic > 0 and custom <= 5, f"the {kind} is planned per call: {found[0]}"
+
+
+BURST = 20_000  # queued after an ANALYZE that saw none: a sorted claim reads them all
+
+
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "max-ack-pending"])
+async def test_a_claim_walks_the_queue_in_order_after_an_analyze_saw_it_empty(
+    client: httpx.AsyncClient, runtime: Runtime, capped: bool
+) -> None:
+    # With statistics that expect a row or two, the claim statement was planned as a bitmap
+    # scan of the whole queue and a sort: 200-400 ms a claim in a burst (migration
+    # 0010_claim_functions). Walked in order, a claim reads the entries it takes and the ones
+    # it counts as pending (up to the cap), whatever the queue holds.
+    await setup_channel(client)
+    # A table of finished jobs and an empty queue when ANALYZE looks, then a burst (the same
+    # jobs queued again).
+    await bulk_publish(runtime, BURST)
+    await runtime.db.run_alone("UPDATE job SET status = 'DELIVERED'", {}, prepare=False)
+    await runtime.db.run_alone("ANALYZE job", {}, prepare=False)
+    await runtime.db.run_alone("UPDATE job SET status = 'QUEUED'", {}, prepare=False)
+    named = Named(await consumer_pk(runtime, "k1"))
+    async with runtime.db.transaction() as tx:
+        claimed = await runtime.queue.claim(
+            named,
+            limit=10,
+            default_ack_wait=30,
+            max_ack_pending=100 if capped else None,  # claimed in the caller's transaction
+            tx=tx,
+        )
+        read = (
+            await tx.conn.execute(
+                # This transaction's reads of the claim index, so far (not yet flushed).
+                text("SELECT pg_stat_get_xact_tuples_returned('ix_job_claim'::regclass)")
+            )
+        ).scalar_one()
+    assert len(claimed.jobs) == 10
+    assert claimed.pending == PENDING_COUNT_CAP
+    assert read <= 10 + PENDING_COUNT_CAP + 100, read

@@ -265,36 +265,29 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     # One sequence value per row (an array on every row would cost the client n squared).
     seqs = "numbers.seq" if numbered else "NULL"
     join_numbers = "JOIN numbers ON numbers.id = claimed.id" if numbered else ""
+    # The count ahead as a subquery: run once, where a bare call ran once a returned row.
     pending = (
         "0"
         if push
         else f"""CASE WHEN (SELECT count(*) FROM due) < {limit}
         THEN (SELECT count(*) FROM due) - (SELECT n FROM counted)
-        ELSE greatest(0, (
-        SELECT count(*) FROM (
-            SELECT 1 FROM job
-            WHERE job.consumer_pk = (SELECT pk FROM named) AND job.status = '{QUEUED}'
-              AND job.earliest_next_attempt_at <= now()
-            ORDER BY job.priority DESC, job.id
-            LIMIT {PENDING_COUNT_CAP + limit}
-        ) AS ahead) - (SELECT n FROM counted)) END"""
+        ELSE greatest(0,
+            (SELECT due_jobs_ahead((SELECT pk FROM named), {PENDING_COUNT_CAP + limit}))
+            - (SELECT n FROM counted)) END"""
     )
     return f"""
 WITH named AS ({NAMED[key]}{uncapped}
 ), due AS (
-    SELECT job.id, job.priority, job.payload_size FROM job
-    WHERE job.consumer_pk = (SELECT pk FROM named) AND job.status = '{QUEUED}'
-      AND job.earliest_next_attempt_at <= now()
-    ORDER BY job.priority DESC, job.id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
+    -- The queue's first due jobs, locked (migration 0010_claim_functions: walked in the
+    -- index's order whatever the statistics expect).
+    SELECT id, priority, payload_size FROM claimable_jobs((SELECT pk FROM named), {limit})
 ){chosen}, claimed AS (
     UPDATE job SET status = '{INFLIGHT}', attempt = job.attempt + 1,
         incremental_timeout = %(incremental_timeout)s,
         lease_expires_at = now() + make_interval(secs => %(incremental_timeout)s + {ack_wait}),
         claimed_at = now(), status_changed_at = now()
     WHERE job.id IN (SELECT id FROM {"chosen" if by_bytes else "due"})
-      AND job.status = '{QUEUED}'
+      AND (job.status || '') = '{QUEUED}'  -- no status index: the primary key finds them
     RETURNING {returned}
 ), counted AS (
     SELECT count(*) AS n FROM claimed
