@@ -16,6 +16,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from app.domain.counters import COUNTER_SHARDS
+
 PLANNED = "PLANNED"
 EXPORTED = "EXPORTED"
 DELETED = "DELETED"
@@ -73,14 +75,14 @@ UPDATE archive_batch_message b
 
 # The archived jobs, deleted and counted removed in the delivery ledger (app/store/ledger.py
 # reads it; the shard is the connection's, as there), by consumer in key order.
-_DELETE_JOBS = """
+_DELETE_JOBS = f"""
 WITH gone AS (
     DELETE FROM job j USING archive_batch_message b
      WHERE b.batch_id = %(batch_id)s AND NOT b.kept AND j.message_pk = b.message_pk
     RETURNING j.consumer_pk
 ), counted AS (
     INSERT INTO job_removed (consumer_pk, shard, n)
-    SELECT consumer_pk, pg_backend_pid() %% 64, count(*) FROM gone
+    SELECT consumer_pk, pg_backend_pid() %% {COUNTER_SHARDS}, count(*) FROM gone
      GROUP BY consumer_pk ORDER BY consumer_pk
     ON CONFLICT (consumer_pk, shard) DO UPDATE SET n = job_removed.n + excluded.n
 )

@@ -14,18 +14,17 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, delete, func, literal, select, update
 
+from app.domain.counters import COUNTER_SHARDS
 from app.domain.models import LedgerEntry
 from app.store.db import Tx, upsert
 from app.store.schema import channel, consumer, job_count, job_removed, published_count
-
-SHARDS = 64  # counter rows per key at most on PostgreSQL, as job_count
 
 
 def _shard(dialect: str) -> ColumnElement[Any]:
     """The connection's own counter row, so concurrent writers never queue on one row (SQLite
     has one writer at a time: one row)."""
     if dialect == "postgresql":
-        return func.pg_backend_pid() % SHARDS
+        return func.pg_backend_pid() % COUNTER_SHARDS
     return literal(0)
 
 

@@ -33,13 +33,13 @@ import psycopg
 from sqlalchemy import and_, select
 from sqlalchemy.engine import Row
 
+from app.domain.counters import COUNTER_SHARDS
 from app.domain.errors import Conflict
 from app.domain.jobs import JobStatus
 from app.domain.models import ConsumerType, Message, Observe, PulledJob, ignore
 from app.store.bridge import BridgeStore
 from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Held, Tx
 from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED, JobStore
-from app.store.ledger import SHARDS as LEDGER_SHARDS
 from app.store.messages import MessageStore
 from app.store.schema import channel, consumer, producer
 
@@ -169,7 +169,7 @@ WITH allowed AS (
     -- The delivery ledger (app/store/ledger.py): under the generation read in the snapshot
     -- that chose the consumers above.
     INSERT INTO published_count (channel_id, generation, shard, n)
-    SELECT allowed.id, allowed.generation, pg_backend_pid() %% {LEDGER_SHARDS}, 1
+    SELECT allowed.id, allowed.generation, pg_backend_pid() %% {COUNTER_SHARDS}, 1
     FROM allowed, stored
     ON CONFLICT (channel_id, generation, shard) DO UPDATE SET n = published_count.n + 1
 ), told AS (

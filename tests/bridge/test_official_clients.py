@@ -18,6 +18,7 @@ README's client table)."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -105,8 +106,15 @@ def install(kind: str) -> None:
         "js": JS_DIR / "node_modules" / "@nats-io" / "jetstream",
         "nats-jetstream": PY_VENV / "bin" / "python",
     }
-    if not installed[kind].exists():
-        subprocess.run([str(REPO / "tests" / "clients" / "install")], check=True)
+    if installed[kind].exists():
+        return
+    script = REPO / "tests" / "clients" / "install"
+    # Test processes side by side (pytest -n) may all find it missing: the first to lock the
+    # script installs, the others wait for it and find it there.
+    with script.open("rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not installed[kind].exists():
+            subprocess.run([str(script)], check=True)
 
 
 @pytest.fixture(params=KINDS)
