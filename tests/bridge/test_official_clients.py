@@ -99,27 +99,23 @@ class ClientProcess:
                 await self._proc.wait()
 
 
-def install(kind: str) -> None:
+def install() -> None:
     """scripts/test installs both clients (tests/clients/install); a test run without that
     runs the same script."""
-    installed = {
-        "js": JS_DIR / "node_modules" / "@nats-io" / "jetstream",
-        "nats-jetstream": PY_VENV / "bin" / "python",
-    }
-    if installed[kind].exists():
-        return
     script = REPO / "tests" / "clients" / "install"
-    # Test processes side by side (pytest -n) may all find it missing: the first to lock the
-    # script installs, the others wait for it and find it there.
+    # The script marks each client installed as its last step; test processes side by side
+    # (pytest -n) check under a lock on the script, so the first installs and the others wait
+    # for it, and none starts on a client another is still installing.
+    done = (JS_DIR / "node_modules" / ".installed", PY_VENV / ".installed")
     with script.open("rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not installed[kind].exists():
+        if not all(marker.exists() for marker in done):
             subprocess.run([str(script)], check=True)
 
 
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
-    install(request.param)
+    install()
     return str(request.param)
 
 
