@@ -242,8 +242,8 @@ class JobStore:
                 status_is(QUEUED),
                 job.c.earliest_next_attempt_at <= self._now,
             )
-            # The claim's order: an index scan of ix_job_claim that stops after `cap` rows,
-            # where an unordered count would bitmap-scan the consumer's whole backlog first.
+            # SQLite: the claim's order, so that the walk of ix_job_claim stops after `cap`
+            # rows instead of counting the consumer's whole backlog first.
             .order_by(job.c.priority.desc(), job.c.id)
             .limit(cap)
             .subquery()
