@@ -184,12 +184,17 @@ async def test_sweeper_loop_requeues_and_dead_letters_on_its_own(
     sweeper = Sweeper(runtime.sweeps, runtime.config.broker.rational_delay_seconds)
     task = asyncio.create_task(sweeper.run(stop))
     try:
+        # Lease 1 s from the claim, which falls between these two readings: the job comes back
+        # as attempt 2 a second after the first at the least, without the 30 s backoff. (Timed
+        # from the answer alone, a slow answer made the second look early: 0.77 s in CI.)
+        claiming = time.monotonic()
         [first] = await pull_jobs(client, k1)
-        # Lease 1 s: the job comes back as attempt 2 without the 30 s backoff.
         started = time.monotonic()
         [second] = await pull_jobs(client, k1, no_wait=False, expires=15)
         assert second["Attempt"] == 2
-        assert 0.9 <= time.monotonic() - started < 10
+        back = time.monotonic()
+        assert back - claiming >= 0.9
+        assert back - started < 10
         assert first["ID"] == second["ID"]
         # Attempt 2 expires too, and with max-retry=1 the sweeper dead-letters it.
         deadline = time.monotonic() + 15
