@@ -172,6 +172,19 @@ def _path_prefixes(raw: str) -> tuple[str, ...]:
     return prefixes
 
 
+def _networks(raw: str) -> tuple[str, ...]:
+    """Comma-separated CIDRs (an address alone is its /32 or /128), kept as written."""
+    import ipaddress
+
+    values = tuple(part.strip() for part in raw.split(",") if part.strip())
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a network (CIDR such as 10.0.0.0/8)") from None
+    return values
+
+
 def _nats_mode(raw: str) -> str:
     if raw.lower() not in ("client", "hybrid"):
         raise ValueError("must be client or hybrid")
@@ -189,6 +202,24 @@ def _nats_prefix(raw: str) -> str:
     if not raw or any(ch in raw for ch in " *>\t") or raw.startswith(".") or raw.endswith("."):
         raise ValueError("must be a subject prefix without wildcards, e.g. $JS.API")
     return raw
+
+
+# What no webhook has a reason to reach: [push] deny-callback-networks by default.
+DEFAULT_DENIED_CALLBACK_NETWORKS = (
+    "0.0.0.0/8",  # "this host" / unspecified
+    "169.254.0.0/16",  # IPv4 link-local: AWS, GCP, Azure, OpenStack metadata
+    "100.100.100.200/32",  # Alibaba Cloud metadata
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and 255.255.255.255 broadcast
+    "::/128",  # unspecified
+    "fe80::/10",  # IPv6 link-local
+    "fd00:ec2::254/128",  # AWS's IPv6 metadata endpoint
+    "ff00::/8",  # IPv6 multicast
+    "64:ff9b::a9fe:0/112",  # NAT64 (well-known prefix) of 169.254.0.0/16
+    "64:ff9b::6464:64c8/128",  # NAT64 of 100.100.100.200
+    "64:ff9b::/104",  # NAT64 of 0.0.0.0/8
+    "64:ff9b::e000:0/99",  # NAT64 of 224.0.0.0/3 (multicast, reserved, broadcast)
+)
 
 
 # -- The table: every key, once -------------------------------------------------------------------
@@ -266,16 +297,23 @@ SECTIONS: tuple[Section, ...] = (
         (
             Key(
                 "listener",
-                ":8080",
+                "127.0.0.1:8080",
                 _listener,
-                'host:port to listen on; ":8080" listens on every interface.',
+                'host:port to listen on; ":8080" listens on every interface, which needs an '
+                "admin-token (or allow-anonymous-admin=true).",
             ),
             Key(
                 "read-timeout",
                 "240",
                 _positive_int,
-                "Seconds allowed to read a request.",
-                implemented=False,
+                "Seconds allowed to read a whole request, head and body (408 beyond it).",
+            ),
+            Key(
+                "read-header-timeout",
+                "10",
+                _positive_int,
+                "Seconds allowed for a request's head to arrive, from the connection's first "
+                "byte or the end of its previous request (slow clients are disconnected).",
             ),
             Key(
                 "write-timeout",
@@ -285,11 +323,59 @@ SECTIONS: tuple[Section, ...] = (
                 "write timeout is applied.",
             ),
             Key(
+                "max-concurrency",
+                "4096",
+                _positive_int,
+                "Connections and requests one API process serves at once (503 beyond it).",
+            ),
+            Key(
+                "max-body-bytes",
+                "1048576",
+                _positive_int,
+                "Largest JSON or form body (pull, ack, management PUT) read; 413 beyond it, "
+                "counted while it is read. Publishes are bounded by [broker] "
+                "max-message-size-bytes.",
+            ),
+            Key(
                 "admin-token",
                 "",
                 str,
-                "When set, PUT and DELETE on producers, channels and consumers need "
-                '"Authorization: Bearer <admin-token>".',
+                'When set, every change (PUT, DELETE, redrive, purge) needs "Authorization: '
+                'Bearer <admin-token>" (or the resource\'s own tokens where the API takes them), '
+                "and reads need a credential too.",
+                secret=True,
+            ),
+            Key(
+                "reader-token",
+                "",
+                str,
+                'A read-only token: "Authorization: Bearer <reader-token>" allows every GET and '
+                "nothing else (dashboards, monitoring).",
+                secret=True,
+            ),
+            Key(
+                "allow-anonymous-admin",
+                "false",
+                _boolean,
+                "Let a listener that is not loopback start without an admin-token (every change "
+                "then open to whoever reaches it; warned at every start).",
+            ),
+            Key(
+                "anonymous-reads",
+                "false",
+                _boolean,
+                "With an admin-token or reader-token set, still let anyone read channels, "
+                "consumers, producers, messages and job counts without a credential, as the "
+                "Go original does (warned at every start).",
+            ),
+            Key(
+                "token-hash-key",
+                "",
+                str,
+                "Key of the keyed hash (HMAC-SHA256) channel and producer tokens are stored "
+                "as. Empty: a random key made once and kept in the database. Changing it "
+                "invalidates every stored channel and producer token.",
+                secret=True,
             ),
         ),
     ),
@@ -467,6 +553,33 @@ SECTIONS: tuple[Section, ...] = (
                 "signingSecretOverlap overrides it).",
                 attr="signing_secret_overlap_seconds",
             ),
+            Key(
+                "deny-callback-networks",
+                ",".join(DEFAULT_DENIED_CALLBACK_NETWORKS),
+                _networks,
+                "CIDRs a callback may never reach (checked on every address its host resolves "
+                "to, at PUT and at delivery): link-local, cloud metadata, unspecified, "
+                "broadcast, multicast, and their NAT64 forms.",
+            ),
+            Key(
+                "deny-private-callbacks",
+                "false",
+                _boolean,
+                "Also deny loopback, RFC 1918, CGNAT (100.64.0.0/10) and fc00::/7 callbacks, "
+                "for deployments where consumers' owners are not trusted.",
+            ),
+            Key(
+                "allow-callback-networks",
+                "",
+                _networks,
+                "When set, a callback must resolve inside these CIDRs (deny lists still apply).",
+            ),
+            Key(
+                "max-response-bytes",
+                "65536",
+                _positive_int,
+                "Most bytes of a callback's answer the dispatcher reads (never decompressed).",
+            ),
         ),
     ),
     Section(
@@ -507,6 +620,20 @@ SECTIONS: tuple[Section, ...] = (
                 "512",
                 _positive_int,
                 "Pulls that may wait on one consumer at once, per process (409 beyond it).",
+            ),
+            Key(
+                "max-waiting-total",
+                "2048",
+                _positive_int,
+                "Pulls that may wait at once in one process, over every consumer (409 beyond "
+                "it).",
+            ),
+            Key(
+                "max-stream-buffer-bytes",
+                "8388608",
+                _positive_int,
+                "Bytes of jobs a streaming pull holds unwritten (its reader is slower) before "
+                "it stops claiming more.",
             ),
             Key(
                 "sweep-batch-size",
@@ -592,6 +719,12 @@ SECTIONS: tuple[Section, ...] = (
                 _boolean,
                 "Refuse v1 signatures (body only): a v2 one also covers method, path and query.",
             ),
+            Key(
+                "reject-replays",
+                "false",
+                _boolean,
+                "Refuse a v2 signature already seen inside the timestamp tolerance (per process).",
+            ),
         ),
         "Gateway HMAC, as the Go original checks it (X-Broker-Signature: t=<unix>,v1=<hex>), "
         "plus v2.",
@@ -637,6 +770,20 @@ SECTIONS: tuple[Section, ...] = (
             Key("leaf-user", "", str, "Leafnode connection user (empty: user)."),
             Key("leaf-password", "", str, "Leafnode connection password (empty: password)."),
             Key("leaf-token", "", str, "Leafnode connection auth token (empty: token)."),
+            Key(
+                "tls-ca-file",
+                "",
+                str,
+                "CA certificates (PEM) the client and leafnode connections trust for tls:// "
+                "URLs (empty: the system's).",
+            ),
+            Key(
+                "tls-cert-file",
+                "",
+                str,
+                "Client certificate (PEM) for TLS connections that require one (empty: none).",
+            ),
+            Key("tls-key-file", "", str, "Key of tls-cert-file (PEM)."),
         ),
         help="The NATS bridge (webhook-broker bridge). client: one client connection, acks under "
         "ack-prefix, works with any NATS server. hybrid: a client connection for $JS.API plus a "
@@ -786,6 +933,37 @@ class HttpConfig:
     read_timeout: int
     write_timeout: int
     admin_token: str
+    read_header_timeout: int = 10
+    max_concurrency: int = 4096
+    max_body_bytes: int = 1_048_576
+    reader_token: str = ""
+    allow_anonymous_admin: bool = False
+    anonymous_reads: bool = False
+    token_hash_key: str = ""
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the listener is reachable from this machine only."""
+        return is_loopback_host(self.host)
+
+    @property
+    def guarded_reads(self) -> bool:
+        """Whether reads (lists, messages, job counts) need a credential."""
+        return bool(self.admin_token or self.reader_token) and not self.anonymous_reads
+
+    def __repr__(self) -> str:
+        return f"HttpConfig(host={self.host!r}, port={self.port}, tokens=<redacted>)"
+
+
+def is_loopback_host(host: str) -> bool:
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -827,6 +1005,10 @@ class PushConfig:
     breaker_failures: int = 5
     breaker_cooldown_seconds: int = 30
     signing_secret_overlap_seconds: int = 86_400
+    deny_callback_networks: tuple[str, ...] = DEFAULT_DENIED_CALLBACK_NETWORKS
+    deny_private_callbacks: bool = False
+    allow_callback_networks: tuple[str, ...] = ()
+    max_response_bytes: int = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -841,6 +1023,8 @@ class PullConfig:
     # until a vacuum.
     vacuum_interval_seconds: int
     vacuum_min_dead_jobs: int
+    max_waiting_total: int = 2048
+    max_stream_buffer_bytes: int = 8_388_608
 
 
 @dataclass(frozen=True, slots=True)
@@ -867,6 +1051,7 @@ class GatewayAuthConfig:
     hmac_timestamp_tolerance_seconds: int = 300
     auth_exempt_paths: tuple[str, ...] = ("/_status", "/metrics", "/debug/pprof/")
     require_v2: bool = False
+    reject_replays: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -899,6 +1084,9 @@ class NatsConfig:
     leaf_user: str = _default("nats", "leaf-user")
     leaf_password: str = _default("nats", "leaf-password")
     leaf_token: str = _default("nats", "leaf-token")
+    tls_ca_file: str = _default("nats", "tls-ca-file")
+    tls_cert_file: str = _default("nats", "tls-cert-file")
+    tls_key_file: str = _default("nats", "tls-key-file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1150,7 +1338,16 @@ def _database(values: Mapping[str, Any]) -> DatabaseConfig:
 
 def _http(values: Mapping[str, Any]) -> HttpConfig:
     host, port = values["listener"]
-    return _fill(HttpConfig, {**values, "host": host, "port": port})
+    config = _fill(HttpConfig, {**values, "host": host, "port": port})
+    if not config.loopback and not config.admin_token and not config.allow_anonymous_admin:
+        raise ConfigError(
+            f"[http] admin-token: the listener {host}:{port} is not loopback, so changes need "
+            "an admin token; set [http] admin-token (or [http] allow-anonymous-admin=true to "
+            "run open, or listen on 127.0.0.1)"
+        )
+    if config.reader_token and config.reader_token == config.admin_token:
+        raise ConfigError("[http] reader-token: must differ from admin-token")
+    return config
 
 
 def _gateway_auth(values: Mapping[str, Any]) -> GatewayAuthConfig:
