@@ -20,6 +20,8 @@ from app.cli_client import (
     add_client_commands,
     run_client_command,
 )
+from app.cli_nats import COMMAND as COMMAND_NATS_PERMISSIONS
+from app.cli_nats import add_nats_permissions_command, run_nats_permissions
 from app.config import Config, ConfigError, load_config
 from app.logging import setup_logging, warn_ignored_keys
 
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pipeline.add_argument("pipeline_args", nargs=argparse.REMAINDER)
     add_client_commands(sub)
+    add_nats_permissions_command(sub)
     return parser
 
 
@@ -90,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_async(run_bridge(config))
     if args.command == "ledger":
         return run_async(run_ledger(config, args.settle))
+    if args.command == COMMAND_NATS_PERMISSIONS:
+        return run_async(run_nats_permissions(config, args))
     if args.command in ("sweeper", "dispatcher"):
         return run_async(run_worker(config, args.command))
     if args.command == "serve":
