@@ -71,6 +71,25 @@ def warn_ignored_keys(config: Config) -> None:
         )
 
 
+def warn_open_access(config: Config) -> None:
+    """Every opt-out of the secure defaults, named at every start."""
+    http = config.http
+    log = logging.getLogger("app.config")
+    if not http.admin_token and not http.loopback:
+        log.warning(
+            "[http] allow-anonymous-admin=true: the listener %s:%d is not loopback and has no "
+            "admin-token: anyone who reaches it can change channels, producers and consumers "
+            "and read every message",
+            http.host,
+            http.port,
+        )
+    if http.anonymous_reads and (http.admin_token or http.reader_token):
+        log.warning(
+            "[http] anonymous-reads=true: channels, consumers, producers, messages and job "
+            "counts can be read without a credential"
+        )
+
+
 def log_failure(logger: logging.Logger, message: str, *args: object) -> None:
     """In an `except` block of a worker loop: an outage of the database is one warning line
     (an outage repeats it every round: tracebacks would bury everything else); anything else

@@ -13,7 +13,6 @@ import pytest
 from app.domain.models import Consumer
 from app.domain.pulls import Delivery, PullEnd
 from app.runtime import Runtime
-from app.services.admin import AdminService
 from app.services.scheduler import PullScheduler, Waiter, WaitPolicy
 from tests.helpers_pull import CHANNEL, PullConsumer, publish, setup_channel, until_waiting
 
@@ -62,7 +61,7 @@ async def k1(client: httpx.AsyncClient) -> PullConsumer:
 
 
 async def consumer(rt: Runtime, consumer_id: str = "k1") -> Consumer:
-    return await AdminService(rt.db).get_consumer(CHANNEL, consumer_id)
+    return await rt.admin.get_consumer(CHANNEL, consumer_id)
 
 
 def waiter(sink: Recorder, batch: int, **fields: object) -> Waiter:

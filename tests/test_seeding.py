@@ -108,7 +108,7 @@ async def test_restart_is_idempotent(
             for path, last_modified in before.items():
                 r = await again.get(path)
                 assert r.headers["Last-Modified"] == last_modified, path
-    await apply_seed(runtime.db, config.seed)
+    await apply_seed(runtime.db, config.seed, runtime.tokens.digest)
     assert await row_counts(runtime) == (1, 1, 2)
 
 

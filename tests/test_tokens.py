@@ -102,14 +102,14 @@ async def test_changes_need_the_admin_token(
     # Refused before the body is read: no form is no 415 without the token.
     r = await client.put(path, json=fields)
     assert r.status_code == 401
-    assert (await client.get(path)).status_code == 404
+    assert (await client.get(path, headers=BEARER)).status_code == 404
     r = await put_form(client, path, fields, headers={"Authorization": f"bearer {ADMIN}"})
     assert r.status_code == ok, r.text
-    assert (await client.get(path)).status_code == 200
+    assert (await client.get(path, headers=BEARER)).status_code == 200
 
 
 async def test_updates_of_seeded_objects_need_the_admin_token(client: httpx.AsyncClient) -> None:
-    current = (await client.get("/channel/orders")).headers["Last-Modified"]
+    current = (await client.get("/channel/orders", headers=BEARER)).headers["Last-Modified"]
     r = await put_form(client, "/channel/orders", {"name": "Hijacked"}, since=current)
     assert r.status_code == 401
     r = await put_form(
@@ -120,27 +120,34 @@ async def test_updates_of_seeded_objects_need_the_admin_token(client: httpx.Asyn
         headers={"Authorization": "Bearer nope"},
     )
     assert r.status_code == 403
-    assert (await client.get("/channel/orders")).json()["Name"] == "Orders"
+    assert (await client.get("/channel/orders", headers=BEARER)).json()["Name"] == "Orders"
 
 
 async def test_consumer_delete_needs_the_admin_token(client: httpx.AsyncClient) -> None:
     path = "/channel/orders/consumer/warehouse"
-    since = {"If-Unmodified-Since": (await client.get(path)).headers["Last-Modified"]}
+    since = {
+        "If-Unmodified-Since": (await client.get(path, headers=BEARER)).headers["Last-Modified"]
+    }
     assert (await client.delete(path, headers=since)).status_code == 401
     r = await client.delete(path, headers={**since, "Authorization": "Bearer nope"})
     assert r.status_code == 403
-    assert (await client.get(path)).status_code == 200
+    assert (await client.get(path, headers=BEARER)).status_code == 200
     assert (await client.delete(path, headers={**since, **BEARER})).status_code == 204
-    assert (await client.get(path)).status_code == 404
+    assert (await client.get(path, headers=BEARER)).status_code == 404
 
 
-async def test_reads_and_publishing_do_not_need_the_admin_token(
+async def test_publishing_needs_no_admin_token_and_a_channel_token_reads_its_channel(
     client: httpx.AsyncClient,
 ) -> None:
-    for path in ("/channels", "/producers", "/channel/orders", "/channel/orders/consumers"):
-        assert (await client.get(path)).status_code == 200, path
     r = await client.post("/channel/orders/broadcast", content=b"x", headers=shop_headers())
     assert r.status_code == 201, r.text
+    channel = {"X-Broker-Channel-Token": SEEDED["orders"]}
+    for path in ("/channel/orders", "/channel/orders/consumers", "/channel/orders/messages"):
+        assert (await client.get(path, headers=channel)).status_code == 200, path
+    # Lists over every channel need the reader or admin token.
+    for path in ("/channels", "/producers"):
+        assert (await client.get(path, headers=channel)).status_code == 401, path
+        assert (await client.get(path, headers=BEARER)).status_code == 200, path
 
 
 # No token in any GET response or log line
@@ -197,11 +204,11 @@ async def test_no_get_response_or_log_line_holds_a_token(
     # Every GET, following every link the list endpoints offer.
     gets: list[tuple[str, dict[str, str]]] = [
         ("/_status", {}),
-        ("/channels", {}),
-        ("/producers", {}),
-        ("/channel/orders/messages", {}),
-        ("/channel/orders/messages-status", {}),
-        ("/channel/orders/consumers", {}),
+        ("/channels", BEARER),
+        ("/producers", BEARER),
+        ("/channel/orders/messages", BEARER),
+        ("/channel/orders/messages-status", BEARER),
+        ("/channel/orders/consumers", BEARER),
         ("/channel/orders/consumer/warehouse/queued-jobs", WAREHOUSE_AUTH),
         ("/channel/orders/consumer/warehouse/dlq", WAREHOUSE_AUTH),
     ]
@@ -216,7 +223,7 @@ async def test_no_get_response_or_log_line_holds_a_token(
         body = r.json()
         for link in body.get("Result", []) if isinstance(body, dict) else []:
             if isinstance(link, str):
-                gets.append((link, {}))
+                gets.append((link, BEARER))
             elif isinstance(link, dict) and "ID" in link:
                 job_path = f"/channel/orders/consumer/warehouse/job/{link['ID']}"
                 gets.append((job_path, WAREHOUSE_AUTH))

@@ -22,6 +22,8 @@ class ConsumerCredentials:
     channel_token: str | None
     consumer_id: str
     consumer_token: str | None
+    # The admin token (or, for reads, the reader token) stood in for both tokens.
+    operator: bool = False
 
     @property
     def complete(self) -> bool:

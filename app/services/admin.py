@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from urllib.parse import urlparse
 
-from app.domain.callbacks import blocked_address, literal_host
+from app.config import DEFAULT_DENIED_CALLBACK_NETWORKS
+from app.domain.callbacks import CallbackPolicy, parse_callback_url
 from app.domain.errors import InvalidInput, NotFound, PreconditionFailed
 from app.domain.models import (
     MAX_FIELD_LENGTH,
@@ -22,9 +22,16 @@ from app.domain.models import (
 )
 from app.domain.priority import NO_PRIORITY, PrioritySettings, parse_policy, priority_settings
 from app.domain.signing import new_signing_secret, parse_signing_secret
+from app.services.tokens import TokenKeys
 from app.store.db import Database, Tx
 from app.store.push_state import PushStateStore
-from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
+from app.store.stakeholders import (
+    ConsumerStore,
+    StakeholderStore,
+    channel_token_matches,
+    channels,
+    producers,
+)
 
 PAGE_SIZE = 25
 # ackWait and maxAckPending are 32-bit INTEGER columns.
@@ -79,11 +86,6 @@ class ConsumerForm:
     signing_secret: str | None = None
     signing_secret_overlap: str | None = None
     enabled: str | None = None
-
-
-def is_absolute_url(url: str) -> bool:
-    parsed = urlparse(url)
-    return parsed.scheme in ("http", "https") and bool(parsed.netloc)
 
 
 def parse_consumer_type(raw: str | None) -> ConsumerType:
@@ -179,8 +181,18 @@ def priority_values(
 
 
 class AdminService:
-    def __init__(self, db: Database, default_signing_overlap: int = 86_400) -> None:
+    def __init__(
+        self,
+        db: Database,
+        tokens: TokenKeys,
+        default_signing_overlap: int = 86_400,
+        *,
+        callbacks: CallbackPolicy | None = None,
+    ) -> None:
         self._db = db
+        # A callback URL that is a denied address is refused at once; a name, at delivery.
+        self._callbacks = callbacks or CallbackPolicy.of(DEFAULT_DENIED_CALLBACK_NETWORKS)
+        self._tokens = tokens
         self._overlap = default_signing_overlap
 
     async def put_stakeholder(
@@ -191,20 +203,33 @@ class AdminService:
         name: str | None,
         if_unmodified_since: str | None,
     ) -> Stakeholder:
-        """Create or conditionally update a channel or producer."""
+        """Create or conditionally update a channel or producer. The token is stored as its
+        keyed hash; the answer carries it as given (or made) this once, as the Go API does."""
         check_text(f"{kind} id", id_)
         name = check_text("name", name or id_)
         token = check_text("token", token or new_token())
+        stored = self._tokens.digest(token)
         async with self._db.transaction() as tx:
             store = self._store(kind, tx)
             existing = await store.get(id_, for_update=True)
             if existing is not None:
                 check_unmodified_since(existing.updated_at, if_unmodified_since)
-                return await store.update(id_, name, token, utcnow())
-            created = await store.insert(id_, name, token, utcnow())
-            if created is None:
-                raise PreconditionFailed(f"{kind} {id_!r} was created by another request")
-            return created
+                item = await store.update(id_, name, stored, utcnow())
+            else:
+                created = await store.insert(id_, name, stored, utcnow())
+                if created is None:
+                    raise PreconditionFailed(f"{kind} {id_!r} was created by another request")
+                item = created
+        return replace(item, token=token)
+
+    async def channel_token_matches(self, channel_id: str, stored_token: str) -> bool:
+        """Whether the channel's token is this one (in its stored form); 404 without the
+        channel."""
+        async with self._db.transaction() as tx:
+            matches = await channel_token_matches(tx, channel_id, stored_token)
+        if matches is None:
+            raise NotFound(f"channel {channel_id!r} not found")
+        return matches
 
     async def get_stakeholder(self, kind: str, id_: str) -> Stakeholder:
         async with self._db.transaction() as tx:
@@ -227,11 +252,9 @@ class AdminService:
         check_text("consumer id", consumer_id)
         consumer_type = parse_consumer_type(form.type)
         url = check_text("callbackUrl", (form.callback_url or "").strip(), limit=None)
-        if url and not is_absolute_url(url):
-            raise InvalidInput("callbackUrl must be an absolute http(s) URL")
-        host = literal_host(urlparse(url).hostname or "") if url else None
-        if host is not None and blocked_address(host):
-            raise InvalidInput("callbackUrl must not point at a link-local (metadata) address")
+        refusal = self._callbacks.literal_refusal(parse_callback_url(url)) if url else None
+        if refusal is not None:
+            raise InvalidInput(f"callbackUrl refused: {refusal}")
         enabled = parse_enabled(form.enabled)
         if consumer_type is ConsumerType.PUSH and not url:
             raise InvalidInput("a push consumer needs an absolute callbackUrl")
@@ -262,8 +285,9 @@ class AdminService:
                     await PushStateStore(tx).enable(updated.pk)
                 elif enabled is False:
                     await PushStateStore(tx).disable(updated.pk, "disabled by a PUT")
-                # Queued jobs may now be claimable by a different kind of worker.
-                tx.announce([updated.pk])
+                # Queued jobs may now be claimable by a different kind of worker, and every
+                # dispatcher must drop the settings it read (a callback moved away from).
+                tx.announce_change([updated.pk])
                 return updated
             created = await store.insert(
                 {
@@ -277,6 +301,7 @@ class AdminService:
                 raise PreconditionFailed(f"consumer {consumer_id!r} was created by another request")
             if enabled is False:
                 await PushStateStore(tx).disable(created.pk, "disabled by a PUT")
+            tx.announce_change([created.pk])
             return created
 
     async def push_state(self, item: Consumer) -> PushState | None:
@@ -304,7 +329,7 @@ class AdminService:
             check_unmodified_since(existing.updated_at, if_unmodified_since)
             await store.delete(existing.pk)
             # Pulls waiting on this consumer re-check it, find it gone and return.
-            tx.announce([existing.pk])
+            tx.announce_change([existing.pk])
 
     async def list_consumers(self, channel_id: str, cursor: Cursor) -> Page[Consumer]:
         async with self._db.transaction() as tx:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from app.config import SeedConsumer, SeedData
 from app.domain.errors import InvalidInput
 from app.domain.models import ConsumerType
@@ -15,14 +17,15 @@ class SeedError(InvalidInput):
     """A seed entry cannot be applied; the message names the entry."""
 
 
-async def apply_seed(db: Database, seed: SeedData) -> None:
+async def apply_seed(db: Database, seed: SeedData, digest: Callable[[str], str]) -> None:
     """Upsert seeded channels, producers and consumers: changed names and tokens are applied,
-    nothing is deleted, and instances starting together settle races on the unique keys."""
+    nothing is deleted, and instances starting together settle races on the unique keys.
+    Channel and producer tokens are stored as `digest` makes them (app/domain/tokens.py)."""
     async with db.transaction() as tx:
         for item in seed.channels:
-            await _seed_stakeholder(channels(tx), item.id, item.name, item.token)
+            await _seed_stakeholder(channels(tx), item.id, item.name, digest(item.token))
         for item in seed.producers:
-            await _seed_stakeholder(producers(tx), item.id, item.name, item.token)
+            await _seed_stakeholder(producers(tx), item.id, item.name, digest(item.token))
         for consumer in seed.consumers:
             await _seed_consumer(tx, consumer)
 
@@ -69,6 +72,7 @@ async def _seed_consumer(tx: Tx, seed: SeedConsumer) -> None:
             }
         )
         if created is not None:
+            tx.announce_change([created.pk])
             return
         existing = await store.get(seed.channel_id, seed.id, for_update=True)
         assert existing is not None
@@ -95,3 +99,4 @@ async def _seed_consumer(tx: Tx, seed: SeedConsumer) -> None:
     }
     if current != values:
         await store.update(existing.pk, {**values, "updated_at": utcnow()})
+        tx.announce_change([existing.pk])

@@ -49,6 +49,15 @@ channel = Table(
     Column("generation", BigInteger(), nullable=False, server_default="0"),
 )
 
+# Secrets of the installation (migration 0011): the key channel and producer tokens are hashed
+# with, unless [http] token-hash-key gives one.
+broker_secret = Table(
+    "broker_secret",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", String(255), nullable=False),
+)
+
 producer = Table(
     "producer",
     metadata,

@@ -225,6 +225,13 @@ async def check_consumer_tokens(
     return ConsumerCheck(bool(row.channel_token_ok), found, bool(row.consumer_token_ok))
 
 
+async def channel_token_matches(tx: Tx, channel_id: str, stored_token: str) -> bool | None:
+    """Whether the channel's stored token is this one; None when there is no such channel."""
+    query = select(_matches(channel.c.token, stored_token)).where(channel.c.id == channel_id)
+    row = (await tx.conn.execute(query)).first()
+    return None if row is None else bool(row[0])
+
+
 class ProducerCheck(NamedTuple):
     channel_token_ok: bool
     producer_found: bool

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api import views
-from app.api.deps import AdminDep, CursorDep, FormDep, RuntimeDep
+from app.api.deps import AdminDep, ChannelReaderDep, CursorDep, FormDep, RuntimeDep
 from app.api.responses import JSONResponse
 from app.api.routes.stakeholders import UnmodifiedSince
 from app.domain.models import Consumer
@@ -55,7 +55,9 @@ async def put_consumer(
 
 
 @router.get("/channel/{channel_id}/consumer/{consumer_id}")
-async def get_consumer(channel_id: str, consumer_id: str, rt: RuntimeDep) -> JSONResponse:
+async def get_consumer(
+    channel_id: str, consumer_id: str, rt: RuntimeDep, _read: ChannelReaderDep
+) -> JSONResponse:
     return await _one(rt, await rt.admin.get_consumer(channel_id, consumer_id))
 
 
@@ -68,7 +70,9 @@ async def delete_consumer(
 
 
 @router.get("/channel/{channel_id}/consumers")
-async def list_consumers(channel_id: str, rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
+async def list_consumers(
+    channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep, cursor: CursorDep
+) -> JSONResponse:
     page = await rt.admin.list_consumers(channel_id, cursor)
     urls = [views.consumer_path(channel_id, item.id) for item in page.items]
     path = f"/channel/{views.segment(channel_id)}/consumers"

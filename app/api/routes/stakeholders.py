@@ -7,7 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Header
 
 from app.api import views
-from app.api.deps import AdminDep, CursorDep, FormDep, RuntimeDep
+from app.api.deps import (
+    AdminDep,
+    ChannelReaderDep,
+    CursorDep,
+    FormDep,
+    ReaderDep,
+    RuntimeDep,
+)
 from app.api.responses import JSONResponse
 from app.domain.models import Stakeholder
 from app.services.admin import http_date
@@ -35,12 +42,12 @@ async def put_producer(
 
 
 @router.get("/producer/{producer_id}")
-async def get_producer(producer_id: str, rt: RuntimeDep) -> JSONResponse:
+async def get_producer(producer_id: str, rt: RuntimeDep, _read: ReaderDep) -> JSONResponse:
     return _one(await rt.admin.get_stakeholder("producer", producer_id))
 
 
 @router.get("/producers")
-async def list_producers(rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
+async def list_producers(rt: RuntimeDep, _read: ReaderDep, cursor: CursorDep) -> JSONResponse:
     page = await rt.admin.list_stakeholders("producer", cursor)
     urls = [views.stakeholder_path("producer", item.id) for item in page.items]
     return JSONResponse(views.url_list("/producers", urls, page))
@@ -57,12 +64,12 @@ async def put_channel(
 
 
 @router.get("/channel/{channel_id}")
-async def get_channel(channel_id: str, rt: RuntimeDep) -> JSONResponse:
+async def get_channel(channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep) -> JSONResponse:
     return _one(await rt.admin.get_stakeholder("channel", channel_id))
 
 
 @router.get("/channels")
-async def list_channels(rt: RuntimeDep, cursor: CursorDep) -> JSONResponse:
+async def list_channels(rt: RuntimeDep, _read: ReaderDep, cursor: CursorDep) -> JSONResponse:
     page = await rt.admin.list_stakeholders("channel", cursor)
     urls = [views.stakeholder_path("channel", item.id) for item in page.items]
     return JSONResponse(views.url_list("/channels", urls, page))

@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.api import views
-from app.api.deps import RuntimeDep
+from app.api.deps import ReaderDep, RuntimeDep
 from app.api.responses import JSONResponse
 from app.metrics import CONTENT_TYPE
 
@@ -48,13 +48,13 @@ async def metrics(rt: RuntimeDep) -> Response:
 
 
 @router.get("/job-status")
-async def job_status(rt: RuntimeDep) -> JSONResponse:
+async def job_status(rt: RuntimeDep, _read: ReaderDep) -> JSONResponse:
     """Jobs by channel, consumer and status with the oldest and newest job's creation time, as
     the Go original's (from counters kept with each change: no count of job rows)."""
     return JSONResponse(views.job_status(await rt.job_status.by_consumer()))
 
 
 @router.get("/dlq-status")
-async def dlq_status(rt: RuntimeDep) -> JSONResponse:
+async def dlq_status(rt: RuntimeDep, _read: ReaderDep) -> JSONResponse:
     """Dead jobs per consumer, as the Go original's."""
     return JSONResponse(views.dlq_status(await rt.job_status.dead_by_consumer()))
