@@ -26,7 +26,7 @@ from app.bridge import protocol as p
 from app.bridge.acks import AckProcessor, InboundAck
 from app.bridge.advisories import AdvisoryPublisher
 from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
-from app.bridge.client import client_options
+from app.bridge.client import client_options, tls_context
 from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
 from app.config import NatsConfig
@@ -108,6 +108,7 @@ class Bridge:
                 on_message=self._leaf_message,
                 on_interest=self._interest,
                 on_state=self._delivery_link_state,
+                tls=tls_context(config),
             )
             self.out = self.leaf
         pull = broker.pull

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 from app.config import NatsConfig
@@ -16,8 +17,21 @@ async def _connection_error(exc: Exception) -> None:
     log.warning("NATS connection: %s", exc or type(exc).__name__)
 
 
+def tls_context(config: NatsConfig) -> ssl.SSLContext | None:
+    """The TLS settings of both connections ([nats] tls-ca-file, tls-cert-file, tls-key-file):
+    None when nothing is configured, so the library's defaults apply (the system's CAs)."""
+    if not (config.tls_ca_file or config.tls_cert_file):
+        return None
+    # Verifies the server's certificate and name, as the default context does.
+    context = ssl.create_default_context(cafile=config.tls_ca_file or None)
+    if config.tls_cert_file:
+        context.load_cert_chain(config.tls_cert_file, config.tls_key_file or None)
+    return context
+
+
 def client_options(config: NatsConfig, name: str) -> dict[str, Any]:
-    """nats-py connect() options: every server of `url`, reconnecting for ever."""
+    """nats-py connect() options: every server of `url`, reconnecting for ever; TLS with the
+    configured files when the URL says tls:// or the server requires it."""
     options: dict[str, Any] = {
         "servers": [u.strip() for u in config.url.split(",") if u.strip()],
         "name": name,
@@ -34,4 +48,7 @@ def client_options(config: NatsConfig, name: str) -> dict[str, Any]:
         options["token"] = config.token
     if config.credentials:
         options["user_credentials"] = config.credentials
+    context = tls_context(config)
+    if context is not None:
+        options["tls"] = context
     return options

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ class LeafLink:
         on_message: MessageHandler,
         on_interest: InterestHandler,
         on_state: StateHandler,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._urls = [u.strip() for u in url.split(",") if u.strip()]
         self._name = name
@@ -97,6 +99,8 @@ class LeafLink:
         self._on_message = on_message
         self._on_interest = on_interest
         self._on_state = on_state
+        # None: the system's CAs, if the URL or the hub asks for TLS.
+        self._tls = tls
         self._writer: asyncio.StreamWriter | None = None
         self._interest: set[str] = set()
         self._gone: OrderedDict[str, None] = OrderedDict()
@@ -168,8 +172,8 @@ class LeafLink:
             if not line.startswith(b"INFO "):
                 raise LeafError(f"expected INFO, got {line[:60]!r}")
             info = json.loads(line[5:])
-            if info.get("tls_required"):
-                raise LeafError("the leafnode port requires TLS, which this bridge does not speak")
+            if parsed.scheme == "tls" or info.get("tls_required"):
+                await self._start_tls(writer, host, bool(info.get("tls_required")))
             writer.write(self._connect_line(parsed).encode() + b"PING\r\n")
             await writer.drain()
             await self._await_pong(reader, writer)
@@ -198,6 +202,14 @@ class LeafLink:
                     await reading
         finally:
             writer.close()
+
+    async def _start_tls(self, writer: asyncio.StreamWriter, host: str, offered: bool) -> None:
+        # The hub sends its INFO in the clear and then waits for the handshake; a tls:// URL
+        # whose hub does not offer TLS is refused rather than spoken to in the clear.
+        if not offered:
+            raise LeafError("leaf-url says tls:// but the hub's leafnode port does not offer TLS")
+        context = self._tls or ssl.create_default_context()
+        await asyncio.wait_for(writer.start_tls(context, server_hostname=host), timeout=5)
 
     def _connect_line(self, parsed: ParseResult) -> str:
         options: dict[str, object] = {

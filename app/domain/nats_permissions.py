@@ -128,21 +128,27 @@ def bridge_subscriptions(subjects: BridgeSubjects) -> tuple[str, ...]:
 
 def bridge_permissions(subjects: BridgeSubjects, user: str, password: str) -> NatsUser:
     queue = subjects.queue_group
-    # `<subject> <queue>`: the bridge may subscribe only within its queue group.
-    subscribe = tuple(
-        f"{subject} {queue}" if queue else subject for subject in bridge_subscriptions(subjects)
-    )
+    leaf_acks = f"{JS_ACK_PREFIX}.>"
+
+    def allowed(subject: str) -> str:
+        # `<subject> <queue>`: the bridge's client connection may subscribe only within its
+        # queue group. A leafnode's imports are checked without the queue, so the hybrid
+        # link's acks ($JS.ACK, which a client connection never uses) go unqualified.
+        return f"{subject} {queue}" if queue and subject != leaf_acks else subject
+
+    subscribe = tuple(allowed(subject) for subject in bridge_subscriptions(subjects))
     return NatsUser(
         user=user,
         password=password,
         publish=(f"{INBOX_ROOT}.>", f"{ADVISORY_PREFIX}.>"),
         subscribe=subscribe,
-        comment="the bridge (and the broker's other processes, for advisories)",
+        comment="the bridge (and the broker's other processes, for advisories): password "
+        f"${BRIDGE_PASSWORD_VARIABLE}",
     )
 
 
 def worker_permissions(
-    subjects: BridgeSubjects, channel_id: str, consumer_id: str, password: str
+    subjects: BridgeSubjects, channel_id: str, consumer_id: str, password: str, variable: str = ""
 ) -> NatsUser:
     api = subjects.api_prefix
     user = worker_user(channel_id, consumer_id)
@@ -160,8 +166,8 @@ def worker_permissions(
             f"{inbox_prefix(user)}.>",
             f"{ADVISORY_PREFIX}.*.{channel_id}.{consumer_id}",
         ),
-        comment=f"pull consumer {consumer_id} of channel {channel_id}; "
-        f"inbox prefix {inbox_prefix(user)}",
+        comment=f"pull consumer {consumer_id} of channel {channel_id}: inbox prefix "
+        f"{inbox_prefix(user)}" + (f", password ${variable}" if variable else ""),
     )
 
 
@@ -202,7 +208,8 @@ def build_users(
         eligible.append((channel_id, consumer_id))
     variables = password_variables(eligible)
     for key in eligible:
-        users.append(worker_permissions(subjects, *key, password(variables[key])))
+        variable = variables[key]
+        users.append(worker_permissions(subjects, *key, password(variable), variable))
     return users, skipped
 
 
