@@ -23,7 +23,7 @@ from app.cli_client import (
 from app.cli_nats import COMMAND as COMMAND_NATS_PERMISSIONS
 from app.cli_nats import add_nats_permissions_command, run_nats_permissions
 from app.config import Config, ConfigError, load_config
-from app.logging import setup_logging, warn_ignored_keys
+from app.logging import setup_logging, warn_ignored_keys, warn_open_access
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     setup_logging(config.log)
     warn_ignored_keys(config)
+    warn_open_access(config)
     if args.command == "migrate":
         migrate(config)
         return 0
@@ -165,6 +166,7 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     import uvicorn
 
     from app.api.app import create_app
+    from app.api.limits import uvicorn_limits
     from app.runtime import Runtime
 
     runtime = Runtime(
@@ -222,6 +224,9 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
             access_log=False,  # app/api/requests.py writes one line per request, with its id
             timeout_graceful_shutdown=config.http.write_timeout,
             lifespan="on",
+            # [http] max-concurrency and read-header-timeout (slowloris); a body's own read
+            # bounds are the routes' (app/api/limits.py).
+            **uvicorn_limits(config),
         )
     )
     server.run()

@@ -1,5 +1,6 @@
 """[gateway-auth] mode=hmac: the Go original's X-Broker-Signature check (its statuses and
-texts), our v2 that also signs method, path and query, and require-v2. The signatures here are
+texts), our v2 that also signs method, path and query (one field a line, the body by its
+SHA-256), and require-v2. The signatures here are
 computed from the Go original's description, not with the broker's own functions."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def v1(body: bytes, t: int | None = None) -> str:
 
 def v2(method: str, target: str, body: bytes, t: int | None = None) -> str:
     t = int(time.time()) if t is None else t
-    message = f"{t}.{method}.{target}.".encode() + body
+    message = f"v2\n{t}\n{method}\n{target}\n{hashlib.sha256(body).hexdigest()}".encode()
     return f"t={t},v2={hmac.new(SECRET, message, hashlib.sha256).hexdigest()}"
 
 

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
 from app.api.gateway import GatewayHmac
+from app.api.limits import UnreadBodyCloses
 from app.api.openapi import install_openapi, operation_id
 from app.api.requests import RequestIds
 from app.api.routes import consumers, jobs, messages, pull, redrives, stakeholders, status
@@ -48,6 +49,8 @@ def create_app(
     for module in (status, stakeholders, consumers, messages, jobs, pull, redrives):
         app.include_router(module.router)
     if config.gateway_auth.enabled:
-        app.add_middleware(GatewayHmac, config=config.gateway_auth)
+        app.add_middleware(GatewayHmac, config=config)
+    # Outside the gateway: its refusals leave bodies unread too.
+    app.add_middleware(UnreadBodyCloses)
     app.add_middleware(RequestIds)  # the outermost: a refused signature has its id too
     return app

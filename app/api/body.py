@@ -1,4 +1,5 @@
-"""Reading JSON bodies by hand, so every malformed body is a 400 that says what is wrong."""
+"""Reading bodies by hand: every malformed body is a 400 that says what is wrong, and every
+body is read through app/api/limits.read_body, bounded while it is read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from app.domain.errors import InvalidInput
+from app.api.limits import already_buffered, read_body
+from app.config import Config
+from app.domain.errors import InvalidInput, PayloadTooLarge
 
 T = TypeVar("T")
 
@@ -19,8 +22,30 @@ MAX_ID = 2**63 - 1
 MAX_INT32 = 2**31 - 1
 
 
+def _config(request: Request) -> Config:
+    config = request.app.state.runtime.config
+    assert isinstance(config, Config)
+    return config
+
+
+def body_cap(request: Request) -> int:
+    """A JSON or form body's cap: [http] max-body-bytes."""
+    return _config(request).http.max_body_bytes
+
+
+async def request_body(request: Request, limit: int | None = None) -> bytes:
+    """The request's body, at most `limit` bytes ([http] max-body-bytes unless given)."""
+    config = _config(request)
+    return await read_body(
+        request.receive,
+        request.headers,
+        limit=config.http.max_body_bytes if limit is None else limit,
+        within=config.http.read_timeout,
+    )
+
+
 async def json_object(request: Request, *, empty_ok: bool = False) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await request_body(request)
     if not raw.strip():
         if empty_ok:
             return {}
@@ -86,11 +111,21 @@ def optional_str(value: object, name: str) -> str | None:
 
 
 async def body_after_credentials(
-    parse: Callable[[], Awaitable[T]], authenticate: Callable[[], Awaitable[object]]
+    request: Request,
+    parse: Callable[[], Awaitable[T]],
+    authenticate: Callable[[], Awaitable[object]],
+    limit: int | None = None,
 ) -> T:
-    """Parse a body; when it is bad, check credentials first so their 404/403/401/412 win."""
+    """Parse a body only once the credentials in its headers allow it: a body the server
+    holds already (small, declared) is parsed first and the credentials checked only when it
+    is bad, so their 404/403/401/412 win and a good request costs no extra round trip; any
+    other body (chunked, large) is read only after the credentials are checked."""
+    cap = body_cap(request) if limit is None else limit
+    if not already_buffered(request.headers, cap):
+        await authenticate()
+        return await parse()
     try:
         return await parse()
-    except InvalidInput:
+    except (InvalidInput, PayloadTooLarge):
         await authenticate()
         raise

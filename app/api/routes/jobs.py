@@ -6,7 +6,13 @@ from fastapi import APIRouter, Request, Response
 
 from app.api import views
 from app.api.body import MAX_INT32, body_after_credentials, json_object, whole_number
-from app.api.deps import FORM_CONTENT_TYPE, CredentialsDep, CursorDep, RuntimeDep
+from app.api.deps import (
+    FORM_CONTENT_TYPE,
+    CredentialsDep,
+    CursorDep,
+    RuntimeDep,
+    urlencoded_form,
+)
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, parse_next_state
@@ -59,7 +65,9 @@ async def set_job_state(
             return target, None
         return target, whole_number(raw, "IncrementalTimeout", maximum=MAX_INT32)
 
-    target, timeout = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    target, timeout = await body_after_credentials(
+        request, parse, lambda: rt.pulls.authenticate(creds)
+    )
     await rt.seed_jobs.set_state(creds, job_id, target, timeout)
     return Response(status_code=202)
 
@@ -124,10 +132,10 @@ async def requeue_all_dead(creds: CredentialsDep, rt: RuntimeDep, request: Reque
     original's form `requeue=<consumer token>`."""
     content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if content_type == FORM_CONTENT_TYPE:
-        form = await request.form()
-        token = form.get("requeue")
+        # The credential is in the body here: read it bounded, as every form.
+        form = await urlencoded_form(request)
         count = await rt.seed_jobs.requeue_all_dead_by_form(
-            creds.channel_id, creds.consumer_id, token if isinstance(token, str) else None
+            creds.channel_id, creds.consumer_id, form.get("requeue")
         )
     else:
         count = await rt.seed_jobs.requeue_all_dead(creds)

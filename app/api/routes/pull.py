@@ -134,7 +134,9 @@ async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Respo
         body = await json_object(request, empty_ok=True)
         return parse_pull(body, rt.config.pull.max_expires_seconds)
 
-    pull_request = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    pull_request = await body_after_credentials(
+        request, parse, lambda: rt.pulls.authenticate(creds)
+    )
     if pull_request.stream:
         return NdjsonStream(await rt.pulls.stream(creds, pull_request))
     result = await rt.pulls.pull(creds, pull_request)
@@ -167,7 +169,7 @@ async def unpin(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSON
             raise InvalidInput("group is required")
         return group
 
-    group = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    group = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
     unpinned = await rt.pins.unpin_as(creds, group)
     return JSONResponse({"Group": group, "Unpinned": unpinned})
 
@@ -178,7 +180,7 @@ async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Reque
     async def parse() -> AckItem:
         return parse_ack(await json_object(request, empty_ok=True), given_id=0)
 
-    item = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    item = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
     outcome = await rt.acks.ack(creds, job_id, item)
     if item.type is AckType.PROGRESS:
         return JSONResponse({"LeaseExpiresAt": views.iso(outcome.lease_expires_at)})
@@ -194,7 +196,7 @@ async def ack_many(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> J
             raise InvalidInput("acks must be a list of objects")
         return [parse_ack(a) for a in acks]
 
-    items = await body_after_credentials(parse, lambda: rt.pulls.authenticate(creds))
+    items = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
     outcomes = await rt.acks.ack_many(creds, items)
     return JSONResponse(
         {

@@ -36,7 +36,7 @@ async def start_redrive(creds: CredentialsDep, rt: RuntimeDep, request: Request)
     async def parse() -> RedriveRequest:
         return parse_redrive_request(await json_object(request, empty_ok=True))
 
-    asked = await body_after_credentials(parse, lambda: rt.redrives.check(creds))
+    asked = await body_after_credentials(request, parse, lambda: rt.redrives.check(creds))
     started = await rt.redrives.start(creds, asked)
     location = f"{_base(creds)}/{started.id}"
     return JSONResponse(
