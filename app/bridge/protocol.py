@@ -24,8 +24,10 @@ from app.domain.priority import (
     PrioritySettings,
     PullPriority,
 )
+from app.domain.pulls import MIN_HEARTBEAT_SECONDS
 
 NANOS = 1_000_000_000
+MIN_HEARTBEAT_NANOS = round(MIN_HEARTBEAT_SECONDS * NANOS)
 HEADER_LINE = b"NATS/1.0"
 CRLF = b"\r\n"
 
@@ -193,6 +195,10 @@ def parse_pull_request(body: bytes) -> PullSpec:
     heartbeat = int(values.get("idle_heartbeat") or 0)
     if heartbeat > 0 and heartbeat * 2 > expires:
         raise BadRequest("heartbeat value too large")
+    if 0 < heartbeat < MIN_HEARTBEAT_NANOS:
+        # The HTTP streaming pull's minimum: nats-server has none, but a heartbeat every few
+        # nanoseconds would have the bridge publish nothing else.
+        raise BadRequest(f"heartbeat value too small (minimum {MIN_HEARTBEAT_SECONDS:g}s)")
     # The server sets an expiry for any non-zero duration: a negative one has already passed
     # (a no_wait request then ends with 408, not 404). 1 ns is the nearest "set" value.
     expires = max(expires, 1) if expires else 0

@@ -31,12 +31,19 @@ class ConsumerCredentials:
         return self.channel_token is not None and self.consumer_token is not None
 
 
+# The shortest idle heartbeat a streaming pull may ask for, over HTTP and over the bridge: a
+# shorter one is a stream of heartbeats, not a pull.
+MIN_HEARTBEAT_SECONDS = 0.1
+
+
 @dataclass(frozen=True, slots=True)
 class PullLimits:
     max_batch: int
     max_stream_batch: int
     max_expires_seconds: int
     max_waiting: int
+    # Payload bytes a streaming pull holds unwritten before it takes no more.
+    max_stream_buffer_bytes: int = 8_388_608
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from app.domain.errors import InvalidInput, PinLost, TooManyWaiting
 from app.domain.models import Consumer, PulledJob
 from app.domain.priority import PLAIN, PullPriority, check_pull
 from app.domain.pulls import (
+    MIN_HEARTBEAT_SECONDS,
     ConsumerCredentials,
     Delivery,
     PullEnd,
@@ -25,9 +26,6 @@ from app.services.scheduler import PullScheduler, PullSink, Waiter
 from app.services.streaming import PullStream, StreamSink
 from app.store.db import Database
 from app.store.queue import Named, Queue
-
-# Heartbeats more frequent than this would be most of what a stream carries.
-MIN_HEARTBEAT_SECONDS = 0.1
 
 # What a pull that names a pin it does not hold is told (nats-server's status texts).
 PIN_LOST = {
@@ -137,7 +135,9 @@ class PullService:
         consumer = await self.authenticate(creds)
         terms = check_pull(consumer.priority, request.terms)
         waits = not request.no_wait and request.expires > 0 and not self._scheduler.draining
-        sink = StreamSink(lambda: self._scheduler.wake(consumer.pk))
+        sink = StreamSink(
+            lambda: self._scheduler.wake(consumer.pk), self._limits.max_stream_buffer_bytes
+        )
         waiter = self._join(consumer, request, terms, sink, waits=waits, ends_on_delivery=False)
         return PullStream(self._scheduler, self._claims, consumer, waiter)
 
@@ -201,10 +201,9 @@ class PullService:
         ends_on_delivery: bool,
     ) -> Waiter:
         """The request, waiting in the scheduler (unless as many wait on the consumer as may)."""
-        if self._scheduler.full(consumer.pk):
-            raise TooManyWaiting(
-                f"{self._limits.max_waiting} pull requests are already waiting on this consumer"
-            )
+        full = self._scheduler.full_reason(consumer.pk)
+        if full is not None:
+            raise TooManyWaiting(full)
         loop = asyncio.get_running_loop()
         waiter = Waiter(
             sink,

@@ -234,6 +234,7 @@ class PullScheduler:
         *,
         max_claim: int,
         max_waiting: int,
+        max_waiting_total: int | None = None,
         policy: Callable[[Consumer], WaitPolicy] = policy_for,
         observe_end: PullObserver | None = None,
     ) -> None:
@@ -241,6 +242,7 @@ class PullScheduler:
         self.signals = signals
         self.max_claim = max_claim
         self.max_waiting = max_waiting
+        self.max_waiting_total = max_waiting_total
         self._policy = policy
         self.observe_end = observe_end
         self._queues: dict[int, ConsumerQueue] = {}
@@ -256,8 +258,18 @@ class PullScheduler:
         return sum(self.waiting(pk) for pk in self._queues)
 
     def full(self, consumer_pk: int) -> bool:
-        """As many requests wait on this consumer as may (max_waiting, across the process)."""
-        return self.waiting(consumer_pk) >= self.max_waiting
+        """As many requests wait on this consumer, or in this process, as may."""
+        return self.full_reason(consumer_pk) is not None
+
+    def full_reason(self, consumer_pk: int) -> str | None:
+        """Why one more request may not wait on this consumer: max_waiting of its own, or
+        max_waiting_total over every consumer (what one process's waiting pulls may hold)."""
+        if self.waiting(consumer_pk) >= self.max_waiting:
+            return f"{self.max_waiting} pull requests are already waiting on this consumer"
+        total = self.max_waiting_total
+        if total is not None and self.waiting_total() >= total:
+            return f"{total} pull requests are already waiting in this process (max-waiting-total)"
+        return None
 
     def claimed_ahead(self) -> int:
         return sum(queue.ahead.held for queue in self._queues.values())

@@ -21,6 +21,9 @@ from app.services.scheduler import PullScheduler, Waiter
 # Jobs handed to a stream and not yet written that make it stop taking more: a client that
 # reads slowly holds back its own stream only (the rest are claimed for other requests).
 BUFFER_JOBS = 1024
+# The same in payload bytes ([pull] max-stream-buffer-bytes): 1024 jobs of the largest message
+# size would otherwise be gigabytes held for one slow reader. The job that crosses it is kept.
+BUFFER_BYTES = 8_388_608
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +54,11 @@ class StreamSink:
     numbered = False
     claims_ahead = False
 
-    def __init__(self, wake: Callable[[], None]) -> None:
+    def __init__(self, wake: Callable[[], None], max_bytes: int = BUFFER_BYTES) -> None:
         self._events: deque[StreamEvent] = deque()
         self._buffered = 0  # jobs among the events
+        self._buffered_bytes = 0  # and their payloads' bytes
+        self._max_bytes = max_bytes
         self._changed = asyncio.Event()
         self._wake = wake  # the consumer's queue, once this stream can take jobs again
         self.gone = False
@@ -68,7 +73,7 @@ class StreamSink:
         return not self.gone
 
     def ready(self) -> bool:
-        return self._buffered < BUFFER_JOBS
+        return self._buffered < BUFFER_JOBS and self._buffered_bytes < self._max_bytes
 
     def offer(self, consumer: Consumer, delivery: Delivery, bytes_left: int | None) -> int | None:
         size = len(delivery.job.payload)
@@ -76,6 +81,7 @@ class StreamSink:
             return None
         self._events.append(StreamedJob(delivery.job, delivery.pending, delivery.pin))
         self._buffered += 1
+        self._buffered_bytes += size
         return size
 
     def end(self, outcome: PullEnd, waiter: Waiter, pending: int) -> None:
@@ -103,6 +109,7 @@ class StreamSink:
             if isinstance(event, StreamedJob):
                 self.written.append((event.job.id, event.job.attempt))
         self._buffered = 0
+        self._buffered_bytes = 0
         if full and not self.ended:
             self._wake()
         return events
