@@ -165,7 +165,11 @@ def test_the_document_declares_answers_errors_and_bodies() -> None:
     assert {"401", "403"} <= set(guarded["/producer/{producer_id}"]["put"]["responses"])
     assert "401" not in plain["paths"]["/producer/{producer_id}"]["put"]["responses"]
     refused = guarded["/channels"]["get"]["responses"]["401"]["content"]
-    assert refused == {"text/plain": {"schema": {"type": "string"}}}
+    assert refused == {
+        "text/plain": {"schema": {"type": "string"}},
+        "application/json": {"schema": ERROR},
+    }
+    assert "401" not in plain["paths"]["/channels"]["get"]["responses"]  # open reads
     assert "401" not in guarded["/_status"]["get"]["responses"]  # exempt
 
 

@@ -444,6 +444,32 @@ ADMIN = {
     401: "[http] admin-token is set and Authorization: Bearer is missing",
     403: "the admin token does not match",
 }
+# Reads guarded once [http] admin-token or reader-token is set (app/domain/access.py): those of
+# every channel's data need the reader or admin token; a channel's own reads also take its token.
+GUARDED_READS = {
+    ("GET", "/channels"): False,
+    ("GET", "/producers"): False,
+    ("GET", "/producer/{producer_id}"): False,
+    ("GET", "/job-status"): False,
+    ("GET", "/dlq-status"): False,
+    ("GET", "/channel/{channel_id}"): True,
+    ("GET", "/channel/{channel_id}/consumers"): True,
+    ("GET", "/channel/{channel_id}/consumer/{consumer_id}"): True,
+    ("GET", "/channel/{channel_id}/messages"): True,
+    ("GET", "/channel/{channel_id}/message/{message_id}"): True,
+    ("GET", "/channel/{channel_id}/messages-status"): True,
+    ("GET", "/channel/{channel_id}/scheduled-messages"): True,
+    ("GET", "/channel/{channel_id}/scheduled-message/{message_id}"): True,
+}
+READER = {
+    401: "reads need Authorization: Bearer <reader-token> or <admin-token>",
+    403: "the bearer token matches neither the reader nor the admin token",
+}
+CHANNEL_READER = {
+    401: "reads need Authorization: Bearer <reader-token> or <admin-token>, or the channel's "
+    "X-Broker-Channel-Token",
+    403: "the bearer token matches no configured token, or the channel token does not match",
+}
 GATEWAY = {
     401: "([gateway-auth] hmac) no X-Broker-Signature, or a malformed one: text/plain",
     403: "([gateway-auth] hmac) a stale or wrong signature: text/plain",
@@ -929,7 +955,7 @@ def _content(content: Mapping[str, JSON]) -> JSON:
     return {media: {"schema": schema} for media, schema in content.items()}
 
 
-def _responses(op: Operation, config: Config, gateway: bool) -> JSON:
+def _responses(op: Operation, config: Config, gateway: bool, key: tuple[str, str]) -> JSON:
     responses: JSON = {}
     for status, answer in op.answers.items():
         responses[str(status)] = {
@@ -939,7 +965,10 @@ def _responses(op: Operation, config: Config, gateway: bool) -> JSON:
         if answer.content:
             responses[str(status)]["content"] = _content(answer.content)
     admin = ADMIN if op.admin and config.http.admin_token else {}
-    for status, why in errors(op.errors, admin).items():
+    read: Mapping[int, str] = {}
+    if key in GUARDED_READS and config.http.guarded_reads:
+        read = CHANNEL_READER if GUARDED_READS[key] else READER
+    for status, why in errors(op.errors, admin, read).items():
         responses[str(status)] = {
             "description": why,
             "headers": _headers(("Retry-After",) if status == 503 else ()),
@@ -979,12 +1008,12 @@ def build(app: FastAPI, config: Config) -> JSON:
             seen.add(key)
             op = declared[key]
             gateway = gateway_exempt is not None and not path.startswith(gateway_exempt)
-            operation["responses"] = _responses(op, config, gateway)
+            operation["responses"] = _responses(op, config, gateway, key)
             if op.body is not None:
                 operation["requestBody"] = op.body
             if op.headers:
                 operation["parameters"] = [*operation.get("parameters", []), *op.headers]
-    unknown = set(declared) - seen
+    unknown = (set(declared) | set(GUARDED_READS)) - seen
     if unknown:
         raise LookupError(
             f"app/api/openapi.py declares operations with no route: {sorted(unknown)}"
