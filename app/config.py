@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
+from app.domain.callbacks import parse_callback_url
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ConsumerType
@@ -1461,8 +1462,11 @@ def _seed_consumer(parser: configparser.ConfigParser, key: str, url: str) -> See
         name=options.get("name", ""),
         token=options["token"],
     )
-    if url and not _is_absolute_url(url):
-        raise ConfigError(f"{where}={url!r}: callback URL must be absolute (http or https)")
+    if url:
+        try:
+            parse_callback_url(url)
+        except InvalidInput as exc:
+            raise ConfigError(f"{where}={url!r}: {exc.detail}") from None
     if consumer_type is ConsumerType.PUSH and not url:
         raise ConfigError(f"{where}: a push consumer needs an absolute callback URL")
 

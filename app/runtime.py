@@ -184,7 +184,7 @@ class Runtime:
     def _start_dispatcher(self) -> None:
         broker = self.config.broker
         connection = self.config.consumer_connection
-        poster = Poster(connection.connection_timeout_seconds, broker.max_workers)
+        poster = Poster(connection.connection_timeout_seconds, broker.max_workers, self.config.push)
         self._closers.append(poster.close)
         dispatcher = Dispatcher(
             self.push,
