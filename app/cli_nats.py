@@ -74,6 +74,33 @@ def bridge_subjects(config: Config) -> perms.BridgeSubjects:
     return perms.BridgeSubjects(nats.api_prefix, ack_prefix, nats.queue_group)
 
 
+def permissions_text(
+    config: Config,
+    consumers: list[tuple[str, str]],
+    *,
+    accounts: bool = False,
+    account: str = perms.DEFAULT_ACCOUNT,
+    bridge_user: str | None = None,
+    passwords: dict[str, str] | None = None,
+) -> tuple[str, list[perms.Skipped]]:
+    """What the command prints for these consumers (deploy/nats-permissions.conf is this for
+    none). Raises KeyError (a password variable not in `passwords`) or ValueError."""
+    subjects = bridge_subjects(config)
+    users, skipped = perms.build_users(
+        subjects,
+        consumers,
+        bridge_user=bridge_user or config.nats.user or perms.DEFAULT_BRIDGE_USER,
+        passwords=passwords,
+    )
+    header = (
+        f"# webhook-broker {COMMAND}: mode={config.nats.mode}, api={subjects.api_prefix}, "
+        f"acks={subjects.ack_prefix}, {len(users) - 1} pull consumer(s)\n"
+    )
+    if accounts:
+        return header + perms.render_accounts(users, skipped, account), skipped
+    return header + perms.render_authorization(users, skipped), skipped
+
+
 async def run_nats_permissions(config: Config, args: argparse.Namespace) -> int:
     from app.services.nats_permissions import pull_consumers
     from app.store.db import Database
@@ -83,22 +110,15 @@ async def run_nats_permissions(config: Config, args: argparse.Namespace) -> int:
         consumers = await pull_consumers(db)
     finally:
         await db.dispose()
-    subjects = bridge_subjects(config)
     try:
-        users, skipped = perms.build_users(
-            subjects,
+        text, skipped = permissions_text(
+            config,
             consumers,
-            bridge_user=args.bridge_user or config.nats.user or perms.DEFAULT_BRIDGE_USER,
+            accounts=args.accounts,
+            account=args.account,
+            bridge_user=args.bridge_user,
             passwords=dict(os.environ) if args.passwords_from_env else None,
         )
-        header = (
-            f"# webhook-broker {COMMAND}: mode={config.nats.mode}, api={subjects.api_prefix}, "
-            f"acks={subjects.ack_prefix}, {len(users) - 1} pull consumer(s)\n"
-        )
-        if args.accounts:
-            body = perms.render_accounts(users, skipped, args.account)
-        else:
-            body = perms.render_authorization(users, skipped)
     except KeyError as exc:
         print(f"webhook-broker: {COMMAND}: {exc.args[0]} is not set", file=sys.stderr)
         return 1
@@ -111,5 +131,5 @@ async def run_nats_permissions(config: Config, args: argparse.Namespace) -> int:
             f"{item.channel_id!r}: {item.reason}",
             file=sys.stderr,
         )
-    sys.stdout.write(header + body)
+    sys.stdout.write(text)
     return 0

@@ -44,7 +44,7 @@ DEFAULT_ACCOUNT = "WEBHOOK_BROKER"
 # What a channel or consumer id must be to appear as one token of a subject, and to be written
 # in nats-server's configuration without escapes: printable ASCII without the subject
 # separators and wildcards, quotes or backslashes.
-_TOKEN = re.compile(r'[!#-)+-\-/-=?-\[\]-~]+')
+_TOKEN = re.compile(r"[!#-)+-\-/-=?-\[\]-~]+")
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -219,8 +219,11 @@ def _value(password: str) -> str:
     return json.dumps(password)
 
 
-def _subjects(items: Iterable[str]) -> str:
-    return "[" + ", ".join(json.dumps(item) for item in items) + "]"
+def _allow(kind: str, items: Sequence[str], indent: str) -> list[str]:
+    inner = indent + "    "
+    listed = [f"{inner}{json.dumps(item)}," for item in items]
+    listed[-1] = listed[-1].rstrip(",")
+    return [f"{indent}{kind}: {{", f"{indent}  allow: [", *listed, f"{indent}  ]", f"{indent}}}"]
 
 
 def _user_lines(users: Sequence[NatsUser], indent: str) -> list[str]:
@@ -233,8 +236,8 @@ def _user_lines(users: Sequence[NatsUser], indent: str) -> list[str]:
             f"{indent}  user: {json.dumps(user.user)}",
             f"{indent}  password: {_value(user.password)}",
             f"{indent}  permissions: {{",
-            f"{indent}    publish: {{ allow: {_subjects(user.publish)} }}",
-            f"{indent}    subscribe: {{ allow: {_subjects(user.subscribe)} }}",
+            *_allow("publish", user.publish, indent + "    "),
+            *_allow("subscribe", user.subscribe, indent + "    "),
             f"{indent}  }}",
             f"{indent}}}",
         ]
