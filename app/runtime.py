@@ -77,6 +77,7 @@ class Runtime:
             self.queue,
             config.broker.max_message_size_bytes,
             min_schedule_delay=config.min_schedule_delay_minutes * 60,
+            token_header=config.consumer_connection.token_header_name,
         )
         self.messages = MessageQueries(self.db)
         self.health = HealthService(self.db, head_revisions(config.database))

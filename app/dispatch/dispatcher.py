@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 
 from app.dispatch.flow import Lane, retry_after_seconds
 from app.dispatch.http import PUSHED_BACK, Answer, Poster
+from app.domain.headers import forwardable
 from app.domain.models import Breaker, Consumer, PulledJob
 from app.domain.signing import Signer, secrets_in_force
 from app.logging import log_failure
@@ -51,6 +52,9 @@ CLAIM_WAIT = 0.05
 # an ack).
 ACK_BATCH = 64
 ACK_LINGER = 0.004
+# The push consumers are read again at once when a change of one is announced (Signals:
+# in-process at commit, from other processes by NOTIFY); this bounds how long what is not
+# announced lasts (breakers other dispatchers opened; SQLite shared between processes).
 TARGETS_FOR = 1.0
 
 
@@ -85,6 +89,7 @@ class Headers:
             push.previous_secret_until,
             datetime.fromtimestamp(moment, UTC),
         )
+        self._token_header = token_header
         self._signer = Signer(consumer.token, in_force, timestamp)
         self._standard = bool(in_force)
         self._shared = {
@@ -97,7 +102,11 @@ class Headers:
             self._shared["webhook-timestamp"] = str(timestamp)
 
     def of(self, job: PulledJob) -> dict[str, str]:
-        headers = dict(job.headers)  # the producer's, under the broker's own
+        # The producer's, none of which may share a name with the broker's own in any case
+        # (app/domain/headers; refused at publish, and filtered again here for messages
+        # stored before that rule).
+        forwarded = forwardable(job.headers, self._token_header) if job.headers else {}
+        headers = dict(forwarded)
         headers.update(self._shared)
         headers["Content-Type"] = job.content_type
         headers["X-Broker-Message-Priority"] = str(job.priority)
@@ -109,8 +118,8 @@ class Headers:
             identity = webhook_id(job)
             headers["webhook-id"] = identity
             headers["webhook-signature"] = self._signer.standard(identity, job.payload)
-        if job.headers:
-            headers["X-Broker-Metadata-Headers"] = ",".join(job.headers)
+        if forwarded:
+            headers["X-Broker-Metadata-Headers"] = ",".join(forwarded)
         return headers
 
 
@@ -177,6 +186,7 @@ class Dispatcher:
         self._turn = 0
         self._targets_cache: list[PushTarget] | None = None
         self._targets_until = 0.0
+        self._targets_version = signals.consumers_version  # of the changes the cache saw
         # Consumers whose failure count or breaker a success must reset (the rest are clean:
         # their successes write nothing but the jobs' own state).
         self._dirty: set[int] = set()
@@ -253,7 +263,7 @@ class Dispatcher:
                 if lane.in_flight == 0 and await self._push.start_probe(consumer):
                     self._forget_targets()
                     log.info("push breaker of %s/%s: probing", consumer.channel_id, consumer.id)
-                    free -= self._start(lane, await self._push.claim(consumer, 1))
+                    free -= self._start(lane, await self._claim(consumer, 1))
                 continue
             allowance = claim_size(min(lane.allowance(now), free))
             if allowance <= 0:
@@ -261,7 +271,7 @@ class Dispatcher:
                 if token_in is not None:
                     wait = min(wait, token_in)
                 continue
-            jobs = await self._push.claim(consumer, allowance)
+            jobs = await self._claim(consumer, allowance)
             free -= self._start(lane, jobs)
             if len(jobs) == allowance:
                 more = True
@@ -276,12 +286,36 @@ class Dispatcher:
                 wait = min(wait, (next_due - datetime.now(UTC)).total_seconds())
         return max(0.01, wait)
 
+    async def _claim(self, consumer: Consumer, limit: int) -> list[PushJob]:
+        """Lease jobs of `consumer` as this dispatcher last read it. A change announced
+        meanwhile (its callback moved, say) may have committed before the claim saw the jobs:
+        they go out with the consumer as it is now, or back to the queue if it no longer
+        pushes."""
+        jobs = await self._push.claim(consumer, limit)
+        if not jobs or self._signals.consumers_version == self._targets_version:
+            return jobs
+        fresh = {t.consumer.pk: t for t in await self._targets()}.get(consumer.pk)
+        if fresh is not None and fresh.state.disabled_at is None:
+            return [PushJob(job.job, fresh.consumer) for job in jobs]
+        for job in jobs:
+            await self._push.deferred(job, 0.0, "the consumer changed as its job was claimed")
+        return []
+
     async def _targets(self) -> list[PushTarget]:
-        """The push consumers and their state, read again at most every TARGETS_FOR seconds
-        (a round per claim would read them thousands of times a second under load); what this
-        dispatcher learns itself (a breaker it opened, push it disabled) applies at once."""
+        """The push consumers and their state, read again when a change of one is announced
+        and at most every TARGETS_FOR seconds otherwise (a round per claim would read them
+        thousands of times a second under load); what this dispatcher learns itself (a
+        breaker it opened, push it disabled) applies at once."""
         now = time.monotonic()
-        if self._targets_cache is None or now >= self._targets_until:
+        version = self._signals.consumers_version
+        if (
+            self._targets_cache is None
+            or now >= self._targets_until
+            or version != self._targets_version
+        ):
+            # Noted before the read: a change announced during it makes the next look read
+            # again.
+            self._targets_version = version
             self._targets_cache = await self._push.targets()
             self._targets_until = now + TARGETS_FOR
             self._dirty |= {

@@ -124,7 +124,11 @@ class PushService:
         uncounted. True when this answer disabled it."""
         async with self._db.transaction() as tx:
             await self._hand_back(tx, job, note, None)
-            return await PushStateStore(tx).disable(job.consumer.pk, note)
+            disabled = await PushStateStore(tx).disable(job.consumer.pk, note)
+            if disabled:
+                # Other dispatchers stop claiming for it before their next claim.
+                tx.announce_change([job.consumer.pk])
+            return disabled
 
     async def _hand_back(self, tx: Tx, job: PushJob, note: str, delay: float | None) -> bool:
         """INFLIGHT -> QUEUED, due after `delay` (or at once), its retries untouched."""

@@ -20,6 +20,11 @@ class Signals:
 
     def __init__(self) -> None:
         self._waiters: defaultdict[int, set[asyncio.Event]] = defaultdict(set)
+        # Moves on with every announced change of a consumer's settings, and whenever one may
+        # have been missed (the listener's reconnections): what was read of consumers under an
+        # older value is stale. A number, so that a dispatcher checks it per claim for the
+        # cost of a comparison.
+        self.consumers_version = 0
 
     def wake(self, consumer_pks: Iterable[int]) -> None:
         woke_any = False
@@ -30,6 +35,11 @@ class Signals:
         if woke_any:
             for event in self._waiters.get(ANY_CONSUMER, ()):
                 event.set()
+
+    def changed(self, consumer_pks: Iterable[int]) -> None:
+        """Consumers' settings changed (callback URL, tokens, secret, type, enabled, or they
+        were created or deleted); their waiters are woken by the wake-up that comes with it."""
+        self.consumers_version += 1
 
     def wake_all(self) -> None:
         """After a lost listener connection: notifications may have been missed."""

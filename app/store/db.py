@@ -21,6 +21,10 @@ from app.config import DatabaseConfig
 from app.domain.errors import Unavailable, UnstorableValue
 
 NOTIFY_CHANNEL = "webhook_broker_jobs"
+# A consumer's settings changed (callback URL, tokens, secret, type, enabled) or it went:
+# dispatchers read their push consumers again before their next claim. A channel of its own,
+# so that the many job wake-ups never cost a dispatcher a read of its consumers.
+CHANGES_CHANNEL = "webhook_broker_consumers"
 
 
 class Waker(Protocol):
@@ -31,6 +35,9 @@ class Waker(Protocol):
     def wake_all(self) -> None:
         """After a lost listener connection: notifications may have been missed."""
 
+    def changed(self, consumer_pks: Iterable[int]) -> None:
+        """These consumers' settings changed: what was read of them is stale."""
+
 
 class Tx:
     """One open transaction, plus the consumers whose queues it changed."""
@@ -39,10 +46,19 @@ class Tx:
         self.conn = conn
         self.dialect = dialect
         self.announced: set[int] = set()
+        self.changed: set[int] = set()
 
     def announce(self, consumer_pks: Iterable[int]) -> None:
         """Wake waiters of these consumers once this transaction commits."""
         self.announced.update(consumer_pks)
+
+    def announce_change(self, consumer_pks: Iterable[int]) -> None:
+        """These consumers' settings changed (or they were created or deleted): once this
+        transaction commits, every process drops what it read of them, and their waiters wake
+        to read them again."""
+        pks = set(consumer_pks)
+        self.changed.update(pks)
+        self.announced.update(pks)
 
 
 class Database:
@@ -65,6 +81,9 @@ class Database:
         with driver_errors_as_domain():
             async with self._begin() as tx:
                 yield tx
+        # Changes first: a dispatcher that the wake-up starts must find its consumers stale.
+        if tx.changed and self.waker is not None:
+            self.waker.changed(tx.changed)
         if tx.announced:
             self.wake_here(tx.announced)
 
@@ -73,6 +92,13 @@ class Database:
         async with self.engine.begin() as conn:
             tx = Tx(conn, self.dialect)
             yield tx
+            if tx.changed and self.dialect == "postgresql":
+                # Sent before the wake-up below: one transaction's notifications arrive in
+                # the order sent, so a listener hears of the change before the jobs.
+                await conn.execute(
+                    text("SELECT pg_notify(:channel, :payload)"),
+                    {"channel": CHANGES_CHANNEL, "payload": _payload(tx.changed)},
+                )
             if tx.announced and self.dialect == "postgresql":
                 # NOTIFY is delivered at commit, so a listener never sees uncommitted jobs.
                 await conn.execute(
