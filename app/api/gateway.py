@@ -223,14 +223,15 @@ class GatewayHmac:
 async def _answer(
     send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
+    body = text.encode()
+    fixed = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", b"%d" % len(body)),
+    ]
     await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"text/plain; charset=utf-8"), *(headers or [])],
-        }
+        {"type": "http.response.start", "status": status, "headers": [*fixed, *(headers or [])]}
     )
-    await send({"type": "http.response.body", "body": text.encode()})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _replaying(body: bytes, receive: Receive) -> Receive:
