@@ -15,7 +15,9 @@ import pytest
 
 from app.api.app import create_app
 from app.config import Config
+from app.domain.models import Consumer
 from app.runtime import Runtime
+from app.services.push import PushJob, PushService
 from tests.receiver import Receiver, running_receiver
 from tests.test_push import publish, setup_push
 
@@ -101,3 +103,41 @@ async def test_a_callback_change_takes_effect_on_the_next_delivery(
             assert before.by_message()[f"m-{n}"] == 0, n
             [got] = [r for r in now.requests if r.headers["x-broker-message-id"] == f"m-{n}"]
             assert got.headers["x-hook-token"] == token
+
+
+async def test_a_change_committed_while_a_claim_runs_reaches_the_jobs_it_claimed(
+    config: Config, receivers: tuple[Receiver, Receiver]
+) -> None:
+    """The claim statement is the one place where a dispatcher holds consumer settings it
+    read before: a change committed between its read and the claim's answer (here, made
+    right after the claim statement, before the dispatcher looks at its jobs) still decides
+    where those jobs go."""
+    old, new = receivers
+    rt = Runtime(config, run_dispatcher=True)
+    transport = httpx.ASGITransport(app=create_app(config, rt))
+    http = httpx.AsyncClient(transport=transport, base_url="http://broker.test")
+    moved = asyncio.Event()
+
+    class ChangedDuringClaim(PushService):
+        async def claim(self, consumer: Consumer, limit: int) -> list[PushJob]:
+            jobs = await super().claim(consumer, limit)
+            if jobs and not moved.is_set():
+                moved.set()
+                await move(http, new.url + "/hook", "kt-new")
+            return jobs
+
+    rt.push = ChangedDuringClaim(
+        rt.db, rt.queue, config.broker.retry_policy, config.default_ack_wait_seconds
+    )
+    await rt.start()
+    try:
+        await setup_push(http, old.url + "/hook")
+        await publish(http, b"claimed before the move", "m-raced")
+        await delivered(http, "m-raced")
+        assert moved.is_set()
+        assert old.by_message()["m-raced"] == 0
+        assert new.by_message()["m-raced"] == 1
+        assert new.requests[0].headers["x-hook-token"] == "kt-new"
+    finally:
+        await http.aclose()
+        await rt.stop()
