@@ -13,6 +13,7 @@ from app.bridge.advisories import advisory_link
 from app.config import Config
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.http import Poster
+from app.domain.callbacks import CallbackPolicy
 from app.domain.errors import Unavailable
 from app.domain.pulls import PullLimits
 from app.metrics import Metrics
@@ -33,6 +34,7 @@ from app.services.seed_jobs import SeedJobService
 from app.services.seeding import apply_seed
 from app.services.signals import Signals
 from app.services.sweeping import SweepService
+from app.services.tokens import TokenKeys
 from app.store.db import Database
 from app.store.listener import NotifyListener
 from app.store.migrate import head_revisions
@@ -68,7 +70,18 @@ class Runtime:
         self.metrics = Metrics()
         self.queue = Queue(self.db, self.metrics.transition, self.metrics.statement)
         ack_wait = config.default_ack_wait_seconds
-        self.admin = AdminService(self.db, config.push.signing_secret_overlap_seconds)
+        # Channel and producer tokens are stored hashed: the key is read at start.
+        self.tokens = TokenKeys(self.db, config.http.token_hash_key)
+        self.admin = AdminService(
+            self.db,
+            self.tokens,
+            config.push.signing_secret_overlap_seconds,
+            callbacks=CallbackPolicy.of(
+                config.push.deny_callback_networks,
+                deny_private=config.push.deny_private_callbacks,
+                allow=config.push.allow_callback_networks,
+            ),
+        )
         # JetStream advisories: published once a NATS publisher is attached (see start()).
         self.advisories = Advisories()
         self.pins = PinService(self.db, self.advisories)
@@ -91,6 +104,7 @@ class Runtime:
             self.signals,
             max_claim=config.pull.max_batch,
             max_waiting=config.pull.max_waiting,
+            max_waiting_total=config.pull.max_waiting_total,
             observe_end=self.metrics.pull_ended,
         )
         self.pulls = PullService(
@@ -103,6 +117,7 @@ class Runtime:
                 max_stream_batch=config.pull.max_stream_batch,
                 max_expires_seconds=config.pull.max_expires_seconds,
                 max_waiting=config.pull.max_waiting,
+                max_stream_buffer_bytes=config.pull.max_stream_buffer_bytes,
             ),
         )
         self.acks = AckService(
@@ -145,8 +160,7 @@ class Runtime:
             self._closers.append(self._dispatch_connections.close)
 
     async def start(self, *, seed: bool = True) -> None:
-        if seed:
-            await self._seed()
+        await self._prepare(seed=seed)
         if self.listen and self.config.database.dialect == "postgresql":
             self.listener = NotifyListener(self.config.database.connection_url, self.signals)
             self._spawn(self.listener.run(self._stop), "notify-listener")
@@ -168,13 +182,15 @@ class Runtime:
         if self.run_dispatcher:
             self._start_dispatcher()
 
-    async def _seed(self) -> None:
-        """The seed, once the database answers: a process started while it restarts (a
-        deployment coming up, a crash of both) waits for it rather than exiting."""
+    async def _prepare(self, *, seed: bool) -> None:
+        """The token key and the seed, once the database answers: a process started while it
+        restarts (a deployment coming up, a crash of both) waits for it rather than exiting."""
         deadline = time.monotonic() + START_WAIT_SECONDS
         while True:
             try:
-                await apply_seed(self.db, self.config.seed)
+                await self.tokens.load()
+                if seed:
+                    await apply_seed(self.db, self.config.seed, self.tokens.digest)
                 return
             except Unavailable:
                 if time.monotonic() >= deadline:

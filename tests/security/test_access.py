@@ -206,9 +206,11 @@ async def test_channel_and_producer_tokens_are_stored_as_keyed_hashes(
     r = await client.get("/channel/fresh", headers=AS_ADMIN)
     assert "Token" not in r.json()
     async with runtime.db.transaction() as tx:
-        rows = (await tx.conn.exec_driver_sql("SELECT id, token FROM channel")).all()
-        rows += (await tx.conn.exec_driver_sql("SELECT id, token FROM producer")).all()
-    stored = dict(rows)
+        rows = [
+            *(await tx.conn.exec_driver_sql("SELECT id, token FROM channel")).all(),
+            *(await tx.conn.exec_driver_sql("SELECT id, token FROM producer")).all(),
+        ]
+    stored = {str(row.id): str(row.token) for row in rows}
     assert set(stored) == {"orders", "audit", "fresh", "shop"}
     for id_, token in stored.items():
         assert is_digest(token), id_
