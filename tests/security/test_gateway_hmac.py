@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.api.gateway import ReplayCache
 from tests.client.conftest import BrokerProcess
 from tests.security.test_bounded_inputs import (
     GIB,
@@ -133,3 +134,15 @@ async def test_a_replayed_v2_signature(client: httpx.AsyncClient, second: int) -
         # Another request (another text) is not a replay.
         fresh = {"X-Broker-Signature": v2("GET", "/channels?n=1", b"")}
         assert (await client.get("/channels?n=1", headers=fresh)).status_code == 200
+
+
+def test_the_replay_cache_is_bounded_and_forgets_what_has_gone_stale() -> None:
+    cache = ReplayCache(capacity=2)
+    assert cache.admit("a", until=100.0, now=0.0) is True
+    assert cache.admit("a", until=100.0, now=1.0) is False
+    assert cache.admit("b", until=50.0, now=1.0) is True
+    # Full of live signatures: it refuses rather than forget one it must still refuse.
+    assert cache.admit("c", until=100.0, now=2.0) is None
+    # Once "b"'s timestamp has left the window (it would be refused as stale), its place frees.
+    assert cache.admit("c", until=100.0, now=51.0) is True
+    assert len(cache) == 2
