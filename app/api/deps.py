@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import AsyncGenerator
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from starlette.formparsers import FormParser, MultiPartException
 
-from app.domain.errors import Forbidden, Unauthenticated, UnsupportedMediaType
+from app.api.body import request_body
+from app.domain.errors import Forbidden, InvalidInput, Unauthenticated, UnsupportedMediaType
 from app.domain.models import Cursor
 from app.domain.pulls import ConsumerCredentials
 from app.runtime import Runtime
@@ -63,11 +66,27 @@ AdminDep = Annotated[None, Depends(require_admin)]
 
 
 async def form_fields(request: Request) -> dict[str, str]:
-    """The form body of a management PUT; anything but a urlencoded form is a 415."""
+    """The form body of a management PUT; anything but a urlencoded form is a 415. It is read
+    after the admin check (AdminDep comes first in every route that takes it), at most
+    [http] max-body-bytes of it."""
     content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if content_type != FORM_CONTENT_TYPE:
         raise UnsupportedMediaType(f"send the fields as {FORM_CONTENT_TYPE}")
-    form = await request.form()
+    return await urlencoded_form(request)
+
+
+async def urlencoded_form(request: Request) -> dict[str, str]:
+    """A urlencoded body, read through the one bounded reader and parsed as Starlette would
+    (the last value of a repeated field wins)."""
+    raw = await request_body(request)
+
+    async def once() -> AsyncGenerator[bytes, None]:
+        yield raw
+
+    try:
+        form = await FormParser(request.headers, once()).parse()
+    except MultiPartException as exc:
+        raise InvalidInput(f"malformed form: {exc.message}") from None
     return {key: value for key, value in form.items() if isinstance(value, str)}
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
 from app.api import views
+from app.api.body import request_body
 from app.api.deps import CursorDep, RuntimeDep
+from app.api.limits import already_buffered
 from app.api.responses import JSONResponse
-from app.domain.errors import InvalidInput, NotFound, PayloadTooLarge
+from app.domain.errors import InvalidInput, NotFound
 from app.services.publishing import Broadcast
 
 router = APIRouter(tags=["messages"])
@@ -18,26 +21,26 @@ router = APIRouter(tags=["messages"])
 
 @router.post("/channel/{channel_id}/broadcast", status_code=201)
 async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Response:
-    limit = rt.config.broker.max_message_size_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the message body is {declared} bytes; the limit is {limit}")
     headers = request.headers
-    message = await rt.publishing.publish(
-        channel_id,
-        Broadcast(
-            channel_token=headers.get("X-Broker-Channel-Token"),
-            producer_id=headers.get("X-Broker-Producer-ID"),
-            producer_token=headers.get("X-Broker-Producer-Token"),
-            payload=await request.body(),
-            content_type=headers.get("Content-Type"),
-            priority=headers.get("X-Broker-Message-Priority"),
-            message_id=headers.get("X-Broker-Message-ID"),
-            metadata_header_names=headers.get("X-Broker-Metadata-Headers"),
-            headers=headers,
-            scheduled_for=headers.get("X-Broker-Scheduled-For"),
-        ),
+    sent = Broadcast(
+        channel_token=headers.get("X-Broker-Channel-Token"),
+        producer_id=headers.get("X-Broker-Producer-ID"),
+        producer_token=headers.get("X-Broker-Producer-Token"),
+        payload=b"",  # read below, once the credentials allow it
+        content_type=headers.get("Content-Type"),
+        priority=headers.get("X-Broker-Message-Priority"),
+        message_id=headers.get("X-Broker-Message-ID"),
+        metadata_header_names=headers.get("X-Broker-Metadata-Headers"),
+        headers=headers,
+        scheduled_for=headers.get("X-Broker-Scheduled-For"),
     )
+    # A body the server does not hold yet (chunked, large) is read only for a producer whose
+    # credentials hold, and never past the message size limit (app/api/body.py).
+    limit = rt.config.broker.max_message_size_bytes
+    if not already_buffered(headers, limit):
+        await rt.publishing.check_credentials(channel_id, sent)
+    payload = await request_body(request, limit)
+    message = await rt.publishing.publish(channel_id, replace(sent, payload=payload))
     if message.scheduled_for is not None:
         location = views.scheduled_message_path(channel_id, message.message_id)
     else:
