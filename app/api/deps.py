@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncGenerator
 from typing import Annotated
 
@@ -10,12 +9,14 @@ from fastapi import Depends, Header, Request
 from starlette.formparsers import FormParser, MultiPartException
 
 from app.api.body import request_body
-from app.domain.errors import Forbidden, InvalidInput, Unauthenticated, UnsupportedMediaType
+from app.domain.access import check_change, read_refused, read_role, stands_in
+from app.domain.errors import Forbidden, InvalidInput, UnsupportedMediaType
 from app.domain.models import Cursor
 from app.domain.pulls import ConsumerCredentials
 from app.runtime import Runtime
 
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
+READS = frozenset({"GET", "HEAD"})
 
 
 async def runtime(request: Request) -> Runtime:
@@ -28,12 +29,28 @@ RuntimeDep = Annotated[Runtime, Depends(runtime)]
 
 
 async def consumer_credentials(
+    request: Request,
     channel_id: str,
     consumer_id: str,
+    rt: RuntimeDep,
     channel_token: Annotated[str | None, Header(alias="X-Broker-Channel-Token")] = None,
     consumer_token: Annotated[str | None, Header(alias="X-Broker-Consumer-Token")] = None,
+    authorization: Annotated[str | None, Header()] = None,
 ) -> ConsumerCredentials:
-    return ConsumerCredentials(channel_id, channel_token, consumer_id, consumer_token)
+    # The channel token as it is stored (a keyed hash, app/domain/tokens.py).
+    stored = rt.tokens.digest.optional(channel_token)
+    http = rt.config.http
+    # Without the consumer's tokens, an operator's bearer token may stand in for them; tokens
+    # that are given are always checked.
+    operator = (
+        authorization is not None
+        and channel_token is None
+        and consumer_token is None
+        and stands_in(
+            authorization, http.admin_token, http.reader_token, read=request.method in READS
+        )
+    )
+    return ConsumerCredentials(channel_id, stored, consumer_id, consumer_token, operator)
 
 
 CredentialsDep = Annotated[ConsumerCredentials, Depends(consumer_credentials)]
@@ -51,18 +68,48 @@ async def require_admin(
     authorization: Annotated[str | None, Header()] = None,
 ) -> None:
     """With [http] admin-token set, changes to channels, producers and consumers need it."""
-    expected = rt.config.http.admin_token
-    if not expected:
-        return
-    if not authorization or not authorization.lower().startswith("bearer "):
-        raise Unauthenticated("this change needs Authorization: Bearer <admin-token>")
-    given = authorization[7:].strip().encode()
-    # A secret from the configuration, not the database: compared here, in constant time.
-    if not hmac.compare_digest(given, expected.encode()):
-        raise Forbidden("the admin token does not match")
+    http = rt.config.http
+    check_change(authorization, http.admin_token, http.reader_token)
 
 
 AdminDep = Annotated[None, Depends(require_admin)]
+
+
+async def require_reader(
+    rt: RuntimeDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> None:
+    """Reads of every channel's data (lists, job counts): the reader or admin token, once
+    either is configured ([http] anonymous-reads=true opens them again)."""
+    http = rt.config.http
+    role = read_role(authorization, http.admin_token, http.reader_token, guarded=http.guarded_reads)
+    if role is None:
+        raise read_refused(channel_scoped=False)
+
+
+ReaderDep = Annotated[None, Depends(require_reader)]
+
+
+async def require_channel_reader(
+    channel_id: str,
+    rt: RuntimeDep,
+    authorization: Annotated[str | None, Header()] = None,
+    channel_token: Annotated[str | None, Header(alias="X-Broker-Channel-Token")] = None,
+) -> None:
+    """Reads of one channel's data (its messages, consumers): the reader or admin token, or the
+    channel's own token."""
+    http = rt.config.http
+    if not http.guarded_reads:
+        return
+    if channel_token is not None:  # given, it is checked, whatever else is
+        if not await rt.admin.channel_token_matches(channel_id, rt.tokens.digest(channel_token)):
+            raise Forbidden("channel token does not match")
+        return
+    if read_role(authorization, http.admin_token, http.reader_token, guarded=True) is None:
+        raise read_refused(channel_scoped=True)
+
+
+ChannelReaderDep = Annotated[None, Depends(require_channel_reader)]
 
 
 async def form_fields(request: Request) -> dict[str, str]:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from app.api import views
 from app.api.body import request_body
-from app.api.deps import CursorDep, RuntimeDep
+from app.api.deps import ChannelReaderDep, CursorDep, RuntimeDep
 from app.api.limits import already_buffered
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput, NotFound
@@ -23,9 +23,10 @@ router = APIRouter(tags=["messages"])
 async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Response:
     headers = request.headers
     sent = Broadcast(
-        channel_token=headers.get("X-Broker-Channel-Token"),
+        # Channel and producer tokens as they are stored (keyed hashes).
+        channel_token=rt.tokens.digest.optional(headers.get("X-Broker-Channel-Token")),
         producer_id=headers.get("X-Broker-Producer-ID"),
-        producer_token=headers.get("X-Broker-Producer-Token"),
+        producer_token=rt.tokens.digest.optional(headers.get("X-Broker-Producer-Token")),
         payload=b"",  # read below, once the credentials allow it
         content_type=headers.get("Content-Type"),
         priority=headers.get("X-Broker-Message-Priority"),
@@ -72,7 +73,11 @@ def status_filter(given: list[str] | None, known: dict[str, bool]) -> bool | Non
 
 @router.get("/channel/{channel_id}/scheduled-messages")
 async def list_scheduled_messages(
-    channel_id: str, rt: RuntimeDep, cursor: CursorDep, status: StatusQuery = None
+    channel_id: str,
+    rt: RuntimeDep,
+    _read: ChannelReaderDep,
+    cursor: CursorDep,
+    status: StatusQuery = None,
 ) -> JSONResponse:
     due = status_filter(status, SCHEDULE_FILTER)
     page = await rt.messages.list(channel_id, cursor, scheduled_only=True, due=due)
@@ -92,13 +97,16 @@ async def cancel_scheduled_message(
     producer_token: Annotated[str | None, Header(alias="X-Broker-Producer-Token")] = None,
 ) -> Response:
     """Cancel a scheduled message before its time: it and its jobs are gone (409 after)."""
-    credentials = (channel_token, producer_id, producer_token)
+    digest = rt.tokens.digest.optional
+    credentials = (digest(channel_token), producer_id, digest(producer_token))
     await rt.messages.cancel_scheduled(channel_id, message_id, credentials)
     return Response(status_code=204)
 
 
 @router.get("/channel/{channel_id}/scheduled-message/{message_id:path}")
-async def get_scheduled_message(channel_id: str, message_id: str, rt: RuntimeDep) -> JSONResponse:
+async def get_scheduled_message(
+    channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep
+) -> JSONResponse:
     """A scheduled message, with the Go original's field names."""
     message, _ = await rt.messages.get(channel_id, message_id)
     if message.scheduled_for is None:
@@ -108,7 +116,11 @@ async def get_scheduled_message(channel_id: str, message_id: str, rt: RuntimeDep
 
 @router.get("/channel/{channel_id}/messages")
 async def list_messages(
-    channel_id: str, rt: RuntimeDep, cursor: CursorDep, status: StatusQuery = None
+    channel_id: str,
+    rt: RuntimeDep,
+    _read: ChannelReaderDep,
+    cursor: CursorDep,
+    status: StatusQuery = None,
 ) -> JSONResponse:
     """The channel's messages, newest first; `status` as the Go original's (repeatable)."""
     page = await rt.messages.list(channel_id, cursor, due=status_filter(status, MESSAGE_FILTER))
@@ -119,13 +131,15 @@ async def list_messages(
 
 # Message ids come from a header and may contain '/': the last parameter takes the rest.
 @router.get("/channel/{channel_id}/message/{message_id:path}")
-async def get_message(channel_id: str, message_id: str, rt: RuntimeDep) -> JSONResponse:
+async def get_message(
+    channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep
+) -> JSONResponse:
     message, jobs = await rt.messages.get(channel_id, message_id)
     return JSONResponse(views.message(message, jobs))
 
 
 @router.get("/channel/{channel_id}/messages-status")
-async def messages_status(channel_id: str, rt: RuntimeDep) -> JSONResponse:
+async def messages_status(channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep) -> JSONResponse:
     counts = await rt.messages.status_counts(channel_id)
     return JSONResponse(
         {
