@@ -342,7 +342,7 @@ SECTIONS: tuple[Section, ...] = (
                 "",
                 str,
                 'When set, every change (PUT, DELETE, redrive, purge) needs "Authorization: '
-                'Bearer <admin-token>" (or the resource\'s own tokens where the API takes them), '
+                "Bearer <admin-token>\" (or the resource's own tokens where the API takes them), "
                 "and reads need a credential too.",
                 secret=True,
             ),
@@ -626,8 +626,7 @@ SECTIONS: tuple[Section, ...] = (
                 "max-waiting-total",
                 "2048",
                 _positive_int,
-                "Pulls that may wait at once in one process, over every consumer (409 beyond "
-                "it).",
+                "Pulls that may wait at once in one process, over every consumer (409 beyond it).",
             ),
             Key(
                 "max-stream-buffer-bytes",
@@ -1500,11 +1499,6 @@ def _seed_consumer(parser: configparser.ConfigParser, key: str, url: str) -> See
         max_ack_pending=optional_int("max-ack-pending", _positive_int),
         priority=priority,
     )
-
-
-def _is_absolute_url(url: str) -> bool:
-    parsed = urlparse(url)
-    return parsed.scheme in ("http", "https") and bool(parsed.netloc)
 
 
 # -- webhook-broker.cfg.template, generated from SECTIONS -----------------------------------------

@@ -14,6 +14,8 @@ from typing import Any
 
 import psycopg
 
+from app.domain.tokens import TokenDigest
+
 PAYLOAD_BYTES = 100
 
 
@@ -52,6 +54,13 @@ async def consumer_pks(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
 async def scalar(conn: psycopg.AsyncConnection[Any], sql: str, params: Sequence[Any] = ()) -> Any:
     row = await (await conn.execute(sql, params)).fetchone()
     return None if row is None else row[0]
+
+
+async def stored_token(conn: psycopg.AsyncConnection[Any], token: str) -> str:
+    """A channel or producer token as the broker stores and compares it (a keyed hash under
+    the key migration 0011 made; the bench sets no [http] token-hash-key)."""
+    key = await scalar(conn, "SELECT value FROM broker_secret WHERE name = 'token-hash-key'")
+    return TokenDigest(str(key).encode())(token)
 
 
 async def queued(conn: psycopg.AsyncConnection[Any], consumer_pk: int) -> int:

@@ -144,9 +144,10 @@ class Runner:
             # keeps the sweeper from requeueing them in the middle of later scenarios.
             ack_wait=3600 if script == "claim" else 32,
             channel=PUB_CHANNEL,
-            channel_token=token(PUB_CHANNEL),
+            # The statements compare tokens as stored: keyed hashes (app/domain/tokens.py).
+            channel_token=await db.stored_token(env.conn, token(PUB_CHANNEL)),
             producer=PRODUCER,
-            producer_token=token(PRODUCER),
+            producer_token=await db.stored_token(env.conn, token(PRODUCER)),
             payload=db.payload(),
         )
         meter = env.meter()

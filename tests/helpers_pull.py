@@ -110,9 +110,10 @@ async def publish_many(rt: Runtime, count: int, *, concurrency: int = 8, prefix:
             await rt.publishing.publish(
                 CHANNEL,
                 Broadcast(
-                    channel_token=CHANNEL_TOKEN,
+                    # Services take tokens as stored (the API digests what it is sent).
+                    channel_token=rt.tokens.digest(CHANNEL_TOKEN),
                     producer_id=PRODUCER,
-                    producer_token=PRODUCER_TOKEN,
+                    producer_token=rt.tokens.digest(PRODUCER_TOKEN),
                     payload=f"payload {n}".encode(),
                     content_type="text/plain",
                     priority=None,

@@ -38,9 +38,9 @@ async def run_script(rt: Runtime, tmp_path: Path, script: str, times: int) -> st
         consumer_pk=pk,
         ack_wait=30,
         channel=CHANNEL,
-        channel_token=CHANNEL_TOKEN,
+        channel_token=rt.tokens.digest(CHANNEL_TOKEN),
         producer=PRODUCER,
-        producer_token=PRODUCER_TOKEN,
+        producer_token=rt.tokens.digest(PRODUCER_TOKEN),
         payload=payload(100),
     )
     for key, value in defines.items():

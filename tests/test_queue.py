@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.domain.tokens import TokenDigest
 from app.runtime import Runtime
 from app.store.db import Tx
 from app.store.queue import Claimed, Named, NewMessage, Published
@@ -33,6 +34,16 @@ async def in_transaction(rt: Runtime, step: Callable[[Tx | None], Awaitable[Any]
         return await step(tx)
 
 
+# The queue's statements compare tokens as stored: keyed hashes under this key.
+TOKEN_KEY = "queue-test-key"
+STORED = TokenDigest(TOKEN_KEY.encode())
+
+
+@pytest.fixture
+def extra_config() -> str:
+    return f"[http]\ntoken-hash-key={TOKEN_KEY}\n"
+
+
 WAYS = {"alone": alone, "in_transaction": in_transaction}
 
 
@@ -54,9 +65,9 @@ def message(
 ) -> NewMessage:
     return NewMessage(
         channel_id=CHANNEL,
-        channel_token=channel_token,
+        channel_token=STORED(channel_token),
         producer_id=PRODUCER,
-        producer_token=PRODUCER_TOKEN,
+        producer_token=STORED(PRODUCER_TOKEN),
         message_id=message_id,
         payload=payload,
         content_type="text/plain",
@@ -162,10 +173,10 @@ async def test_publish_and_credentials(client: httpx.AsyncClient, runtime: Runti
     assert again is None  # a repeated message id stores nothing
     wrong = await runtime.queue.publish(message("two", channel_token="not-the-token"))
     assert wrong is None
-    by_credentials = Named.by_credentials(CHANNEL, CHANNEL_TOKEN, "k1", "k1-token")
+    by_credentials = Named.by_credentials(CHANNEL, STORED(CHANNEL_TOKEN), "k1", "k1-token")
     claimed = await runtime.queue.claim(by_credentials, limit=5, default_ack_wait=30)
     assert seen(claimed) == [("one", 1, 0)]
-    wrong_token = Named.by_credentials(CHANNEL, CHANNEL_TOKEN, "k2", "k1-token")
+    wrong_token = Named.by_credentials(CHANNEL, STORED(CHANNEL_TOKEN), "k2", "k1-token")
     assert (await runtime.queue.claim(wrong_token, limit=5, default_ack_wait=30)).jobs == []
     job = claimed.jobs[0]
     assert await runtime.queue.ack(wrong_token, [(job.id, 1)]) == set()

@@ -47,9 +47,9 @@ async def publish(runtime: Runtime, count: int) -> None:
         await runtime.publishing.publish(
             "orders",
             Broadcast(
-                channel_token="orders-token",
+                channel_token=runtime.tokens.digest("orders-token"),
                 producer_id="shop",
-                producer_token="shop-token",
+                producer_token=runtime.tokens.digest("shop-token"),
                 payload=f"p{n}".encode(),
                 content_type="text/plain",
                 priority=None,
