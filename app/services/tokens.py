@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from app.domain.errors import Unavailable
 from app.domain.tokens import TokenDigest, is_digest
 from app.store.db import Database
 from app.store.secrets import TOKEN_HASH_KEY, hash_plain_tokens, stored_secret
@@ -36,5 +37,7 @@ class TokenKeys:
     @property
     def digest(self) -> TokenDigest:
         if self._digest is None:
-            raise RuntimeError("token keys used before the runtime started")
+            # Only a process that never reached its database gets here (it would have loaded
+            # the key at start): the same answer as any request that needs the database.
+            raise Unavailable("the database is unavailable; retry")
         return self._digest

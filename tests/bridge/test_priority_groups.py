@@ -464,7 +464,8 @@ async def test_api_and_sweeper_processes_publish_their_advisories(
         }
         assert (await client.put("/channel/orders/consumer/pin", data=form)).status_code == 200
         await publish_http(client, ["x1"])
-        creds = ConsumerCredentials("orders", "orders-token", "pin", "pin-token")
+        stored = process.tokens.digest("orders-token")  # services take tokens as stored
+        creds = ConsumerCredentials("orders", stored, "pin", "pin-token")
         pulled = await process.pulls.pull(creds, PullRequest(no_wait=True, terms=Terms("jobs")))
         assert pulled.pin_id is not None and [j.message_id for j in pulled.jobs] == ["x1"]
         await asyncio.sleep(1.1)
