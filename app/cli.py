@@ -14,12 +14,13 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from app.cli_client import (
+from webhook_broker_client.cli import (
     CLIENT_COMMANDS,
     EXIT_FAILED,
     add_client_commands,
     run_client_command,
 )
+
 from app.cli_nats import COMMAND as COMMAND_NATS_PERMISSIONS
 from app.cli_nats import add_nats_permissions_command, run_nats_permissions
 from app.config import Config, ConfigError, load_config
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in CLIENT_COMMANDS:
-        return run_client_command(args)
+        return run_client_command(args, "webhook-broker")
     try:
         config = load_config(args.config)
     except ConfigError as exc:

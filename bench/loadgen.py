@@ -194,9 +194,9 @@ async def pull_worker(spec: Spec, port: int, window: Window, rec: Recorder) -> N
 
 
 async def consume_worker(spec: Spec, window: Window, rec: Recorder) -> None:
-    """app/client's consume() with a handler that acks each job itself, as a worker would;
+    """The client's consume() with a handler that acks each job itself, as a worker would;
     the acks of concurrent handlers are coalesced by the client into batch acks."""
-    from app.client import Broker, Job
+    from webhook_broker_client import Broker, Job
 
     async with Broker(f"http://127.0.0.1:{spec['ports'][0]}") as broker:
         consumer = broker.consumer(

@@ -1,43 +1,34 @@
-"""A Python client of webhook-broker: publish, administer, and pull jobs (fetch, next, consume)
-over HTTP. Async first (`Broker`); `app.client.sync.SyncBroker` for scripts.
-
-It imports nothing else of the broker's: it talks to it over HTTP only.
+"""Deprecated: the client is its own distribution now, `webhook-broker-client`, imported as
+`webhook_broker_client` (a worker whose own package is named `app` could not import this one).
+This alias stays for one release; it will be removed in the next.
 """
 
-from app.client.broker import Broker, Published
-from app.client.consume import ConsumeContext
-from app.client.consumer import ConsumerInfo, PullConsumer
-from app.client.errors import (
-    BrokerError,
-    Conflict,
-    ConsumerGone,
-    HeartbeatError,
-    InvalidRequest,
-    JobNotFound,
-    NotFound,
-    PinLost,
-    ServerError,
-    StaleAck,
-    Unauthorized,
-)
-from app.client.jobs import Job
+import sys
+import warnings
 
-__all__ = [
-    "Broker",
-    "BrokerError",
-    "Conflict",
-    "ConsumeContext",
-    "ConsumerGone",
-    "ConsumerInfo",
-    "HeartbeatError",
-    "InvalidRequest",
-    "Job",
-    "JobNotFound",
-    "NotFound",
-    "PinLost",
-    "PullConsumer",
-    "Published",
-    "ServerError",
-    "StaleAck",
-    "Unauthorized",
-]
+from webhook_broker_client import *  # noqa: F403
+from webhook_broker_client import (
+    __all__,  # noqa: F401
+    acks,
+    broker,
+    consume,
+    consumer,
+    errors,
+    http,
+    jobs,
+    pulls,
+    sync,
+)
+
+warnings.warn(
+    "app.client is deprecated and will be removed in the next release: install"
+    " webhook-broker-client and import webhook_broker_client instead",
+    DeprecationWarning,
+    stacklevel=2,
+)
+
+# `from app.client.sync import SyncBroker` and the like keep working: each old submodule name
+# is the new module itself (one object, so a patched attribute is seen by both names).
+for _module in (acks, broker, consume, consumer, errors, http, jobs, pulls, sync):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+del _module

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from webhook_broker_client import Broker, PullConsumer
 
-from app.client import Broker, PullConsumer
 from bench.pg import free_port
 from tests.conftest import fresh_database
 

@@ -1,4 +1,4 @@
-"""app/client against a real broker process: administration, publishing, fetch / next, acks."""
+"""The client against a real broker process: administration, publishing, fetch / next, acks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import time
 from datetime import datetime
 
 import pytest
-
-from app.client import (
+from webhook_broker_client import (
     Broker,
     ConsumerGone,
     JobNotFound,
@@ -16,7 +15,8 @@ from app.client import (
     StaleAck,
     Unauthorized,
 )
-from app.client.sync import SyncBroker
+from webhook_broker_client.sync import SyncBroker
+
 from tests.client.conftest import BrokerProcess, Setup, job_state
 
 

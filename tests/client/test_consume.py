@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
+from webhook_broker_client import ConsumerGone, HeartbeatError, Job
 
-from app.client import ConsumerGone, HeartbeatError, Job
 from tests.client.conftest import Setup, job_state
 
 
@@ -316,7 +316,7 @@ async def test_consume_keeps_its_pin_and_learns_when_it_is_lost(setup: Setup) ->
 async def test_a_buffer_larger_than_one_stream_takes_several(
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("app.client.consume.MAX_STREAM_BATCH", 10)
+    monkeypatch.setattr("webhook_broker_client.consume.MAX_STREAM_BATCH", 10)
     batches = await pending_batches(setup)
     await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(25)])
     got: list[Job] = []

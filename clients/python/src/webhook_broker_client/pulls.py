@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import orjson
 
-from app.client.errors import HeartbeatError, ServerError
-from app.client.http import raise_for
+from webhook_broker_client.errors import HeartbeatError, ServerError
+from webhook_broker_client.http import raise_for
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,12 @@ from urllib.parse import quote
 
 import httpx
 
-from app.client.acks import AckBatcher
-from app.client.consume import ConsumeContext, ConsumeOptions, ErrorCallback, Handler
-from app.client.errors import ConsumerGone, PinLost, ServerError
-from app.client.http import call
-from app.client.jobs import Job
-from app.client.pulls import stream_pull
+from webhook_broker_client.acks import AckBatcher
+from webhook_broker_client.consume import ConsumeContext, ConsumeOptions, ErrorCallback, Handler
+from webhook_broker_client.errors import ConsumerGone, PinLost, ServerError
+from webhook_broker_client.http import call
+from webhook_broker_client.jobs import Job
+from webhook_broker_client.pulls import stream_pull
 
 # A fetch without heartbeats hears nothing until its first job or its end: it gives up this
 # long after it should have ended.
@@ -165,7 +165,7 @@ class PullConsumer:
     ) -> ConsumeContext:
         """Keep up to `max_messages` jobs coming: each to `handler` (acked when it returns
         with `auto_ack`, naked when it raises), or, without one, to an `async for` over the
-        returned context. See app/client/consume.py for how the buffer is kept."""
+        returned context. See consume.py for how the buffer is kept."""
         options = ConsumeOptions(
             max_messages=max_messages,
             max_bytes=max_bytes,

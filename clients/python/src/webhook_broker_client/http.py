@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from app.client.errors import ServerError, error_for
+from webhook_broker_client.errors import ServerError, error_for
 
 
 async def call(http: httpx.AsyncClient, method: str, url: str, **kwargs: Any) -> httpx.Response:

@@ -13,7 +13,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.client.errors import (
+from webhook_broker_client.errors import (
     BrokerError,
     InvalidRequest,
     JobNotFound,

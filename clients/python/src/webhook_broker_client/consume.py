@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.client.errors import (
+from webhook_broker_client.errors import (
     BrokerError,
     ConsumerGone,
     HeartbeatError,
@@ -29,11 +29,11 @@ from app.client.errors import (
     NotFound,
     Unauthorized,
 )
-from app.client.jobs import Job
-from app.client.pulls import stream_pull
+from webhook_broker_client.jobs import Job
+from webhook_broker_client.pulls import stream_pull
 
 if TYPE_CHECKING:
-    from app.client.consumer import PullConsumer
+    from webhook_broker_client.consumer import PullConsumer
 
 Handler = Callable[[Job], Awaitable[None] | None]
 ErrorCallback = Callable[[Exception], None]

@@ -1,5 +1,5 @@
 """The broker as a producer and an administrator see it: channels, producers, consumers, and
-publishing. `Broker.consumer()` gives a pull consumer's side (app/client/consumer.py)."""
+publishing. `Broker.consumer()` gives a pull consumer's side (consumer.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from app.client.consumer import PullConsumer
-from app.client.errors import BrokerError, Conflict, NotFound
-from app.client.http import call
+from webhook_broker_client.consumer import PullConsumer
+from webhook_broker_client.errors import BrokerError, Conflict, NotFound
+from webhook_broker_client.http import call
 
 Payload = bytes | str | Mapping[str, Any] | list[Any]
 # Connections publish_many() spreads its publishes over, each one request at a time.

@@ -1,5 +1,5 @@
 """The CLI's client commands, for operators and debugging: `publish`, `pull` and `consume`,
-over HTTP through app/client. The broker's address and the tokens come from flags or from the
+over HTTP through this package. The broker's address and the tokens come from flags or from the
 environment (WEBHOOK_BROKER_URL, WEBHOOK_BROKER_CHANNEL_TOKEN, WEBHOOK_BROKER_PRODUCER_ID,
 WEBHOOK_BROKER_PRODUCER_TOKEN, WEBHOOK_BROKER_CONSUMER_TOKEN)."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.client import Job
+    from webhook_broker_client import Job
 
 CLIENT_COMMANDS = ("publish", "pull", "consume")
 DEFAULT_URL = "http://localhost:8080"
@@ -77,11 +77,13 @@ def add_client_commands(sub: Any) -> None:
     consume.add_argument("--max-messages", type=int, default=10, help="jobs buffered (default 10)")
 
 
-def run_client_command(args: argparse.Namespace) -> int:
+def run_client_command(args: argparse.Namespace, prog: str = "webhook-broker-client") -> int:
+    """Run the parsed command; `prog` names the program in what it says on stderr."""
+    args.prog = prog
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except Problem as exc:
-        print(f"webhook-broker {args.command}: {exc}", file=sys.stderr)
+        print(f"{prog} {args.command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
@@ -94,7 +96,7 @@ def _need(value: str | None, flag: str) -> str:
 
 
 async def publish(args: argparse.Namespace) -> int:
-    from app.client import Broker, BrokerError
+    from webhook_broker_client import Broker, BrokerError
 
     if args.file is not None:
         payload = sys.stdin.buffer.read() if str(args.file) == "-" else _read(args.file)
@@ -128,7 +130,7 @@ def _read(path: Path) -> bytes:
 
 
 def _consumer(args: argparse.Namespace) -> Any:
-    from app.client import Broker
+    from webhook_broker_client import Broker
 
     broker = Broker(args.url)
     return broker, broker.consumer(
@@ -152,7 +154,7 @@ def describe(job: Job) -> dict[str, Any]:
 
 
 async def pull(args: argparse.Namespace) -> int:
-    from app.client import BrokerError
+    from webhook_broker_client import BrokerError
 
     broker, consumer = _consumer(args)
     async with broker:
@@ -172,7 +174,7 @@ async def pull(args: argparse.Namespace) -> int:
 
 
 async def consume(args: argparse.Namespace) -> int:
-    from app.client import BrokerError
+    from webhook_broker_client import BrokerError
 
     broker, consumer = _consumer(args)
 
@@ -194,7 +196,7 @@ async def consume(args: argparse.Namespace) -> int:
             await job.nak()
 
     def report(error: Exception) -> None:
-        print(f"webhook-broker consume: {error}", file=sys.stderr)
+        print(f"{args.prog} consume: {error}", file=sys.stderr)
 
     async with broker:
         context = consumer.consume(
@@ -216,3 +218,23 @@ async def consume(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"publish": publish, "pull": pull, "consume": consume}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="webhook-broker-client", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    add_client_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`webhook-broker-client publish|pull|consume ...`: the same commands as the server's
+    `webhook-broker publish|pull|consume`, for a machine that has only the client installed."""
+    args = build_parser().parse_args(argv)
+    return run_client_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,10 +19,10 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
-from app.client.broker import Broker, Payload, Published
-from app.client.consumer import ConsumerInfo, PullConsumer
-from app.client.errors import BrokerError
-from app.client.jobs import Job
+from webhook_broker_client.broker import Broker, Payload, Published
+from webhook_broker_client.consumer import ConsumerInfo, PullConsumer
+from webhook_broker_client.errors import BrokerError
+from webhook_broker_client.jobs import Job
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
-from app.client.errors import BrokerError, ServerError
+from webhook_broker_client.errors import BrokerError, ServerError
 
 
 class AckSender(Protocol):
