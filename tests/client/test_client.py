@@ -10,7 +10,9 @@ import pytest
 from webhook_broker_client import (
     Broker,
     ConsumerGone,
+    InvalidRequest,
     JobNotFound,
+    PinLost,
     Published,
     StaleAck,
     Unauthorized,
@@ -153,6 +155,30 @@ async def test_a_deleted_consumer_is_gone(setup: Setup) -> None:
     assert issubclass(ConsumerGone, Exception)
 
 
+@pytest.mark.parametrize(
+    "consumer_settings", [{"priorityGroups": "jobs", "priorityPolicy": "pinned_client"}]
+)
+async def test_unpin_hands_the_group_to_the_next_client(setup: Setup) -> None:
+    consumer = setup.consumer
+    for n in range(2):
+        await setup.broker.publish(setup.channel, f"m{n}")
+    (first,) = await consumer.fetch(1, no_wait=True, group="jobs")
+    pin = consumer.pin_id
+    assert pin is not None and first.text == "m0"
+    assert (await consumer.info()).pin_id == pin
+    assert await consumer.unpin("jobs") is True
+    assert (await consumer.info()).pin_id is None
+    assert await consumer.unpin("jobs") is False  # nobody holds it now
+    with pytest.raises(InvalidRequest):
+        await consumer.unpin("")
+    # Its next pull names the pin that is gone: told so, it forgets it and pulls afresh.
+    with pytest.raises(PinLost):
+        await consumer.fetch(1, no_wait=True, group="jobs")
+    assert consumer.pin_id is None
+    (second,) = await consumer.fetch(1, no_wait=True, group="jobs")
+    assert second.text == "m1" and consumer.pin_id not in (None, pin)
+
+
 def test_the_sync_client(shared_process: BrokerProcess) -> None:
     channel = "sync-channel"
     with SyncBroker(shared_process.url, producer_id="shop") as broker:
@@ -166,6 +192,8 @@ def test_the_sync_client(shared_process: BrokerProcess) -> None:
         job.ack()
         assert consumer.next(expires=0.1) is None
         assert consumer.info().ack_pending == 0
+        with pytest.raises(InvalidRequest, match="priority group"):
+            consumer.unpin("jobs")  # a consumer without priority groups has no pin to clear
 
 
 async def test_publish_needs_its_credentials(shared_process: BrokerProcess) -> None:

@@ -182,6 +182,16 @@ class PullConsumer:
         )
         return ConsumeContext(self, handler, options)
 
+    async def unpin(self, group: str) -> bool:
+        """Clear the pin of a `pinned_client` consumer's `group`, so that its next job goes to
+        a standby client; False when no client held it. This client keeps the pin it knew:
+        its next pull naming it hears that it is gone (fetch raises PinLost when no job came;
+        consume calls on_unpinned) and pulls afresh, the same path as an unpin by anyone else."""
+        response = await call(
+            self.http, "POST", f"{self.path}/unpin", json={"group": group}, headers=self.headers
+        )
+        return bool(response.json()["Unpinned"])
+
     async def info(self) -> ConsumerInfo:
         response = await call(self.http, "GET", f"{self.path}/info", headers=self.headers)
         body = response.json()

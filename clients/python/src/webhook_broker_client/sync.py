@@ -84,6 +84,9 @@ class SyncPullConsumer:
         job = self._runner.run(self.consumer.next(expires, **terms))
         return None if job is None else SyncJob(job, self._runner)
 
+    def unpin(self, group: str) -> bool:
+        return self._runner.run(self.consumer.unpin(group))
+
     def info(self) -> ConsumerInfo:
         return self._runner.run(self.consumer.info())
 
