@@ -236,8 +236,8 @@ class Key:
     help: str
     # The field it fills on its section's dataclass, when that is not its name with underscores.
     attr: str = ""
-    # False: a key of the Go original that we accept and validate (so its files load) but do
-    # not act on; setting it makes the broker warn at start.
+    # False: a key of the Go original that we accept at any valid value and validate (so its
+    # files load) but do not act on; setting it makes the broker log it as unused at start.
     implemented: bool = True
     # A secret: an error about its value does not repeat the value.
     secret: bool = False
@@ -879,26 +879,35 @@ CONSUMER_SEED_KEYS = frozenset(
         "priority-timeout",
     }
 )
-# Sections of the Go original we do not implement, why, and the Go defaults of their keys: a
-# key left at its Go default is reported like a not-implemented key, any other value stops
-# the start.
-IGNORED_SECTIONS: dict[str, tuple[str, dict[str, str]]] = {
+
+
+def _export_destination(raw: str) -> str:
+    if raw not in ("", "s3", "gcs"):
+        raise ValueError("must be empty, s3 or gcs")
+    return raw
+
+
+# Sections of the Go original we do not implement, why, and their keys (parsed, so a bad value
+# still stops the start). Set to any valid value they are reported like a not-implemented key;
+# only [prune] message-retention-days can stop the start (see _check_go_retention).
+IGNORED_SECTIONS: dict[str, tuple[str, dict[str, Callable[[str], object]]]] = {
     "prune": (
+        # In Go only `webhook-broker -command prune` reads them, never the broker process.
         "pruning is `webhook-broker pipeline archive` here (Parquet archive, then delete; see "
         "[pipeline])",
         {
-            "export-node-name": "",
-            "message-retention-days": "0",
-            "remote-export-destination": "",
-            "remote-export-url": "",
-            "export-path": "",
-            "remote-file-prefix": "",
-            "max-archive-file-size-in-mb": "100",
+            "export-node-name": str,
+            "message-retention-days": _non_negative_int,
+            "remote-export-destination": _export_destination,
+            "remote-export-url": str,
+            "export-path": str,
+            "remote-file-prefix": str,
+            "max-archive-file-size-in-mb": _non_negative_int,
         },
     ),
     "dlq": (
         "no dead-letter summary table is kept here: dead jobs are counted where they are",
-        {"summary-update-interval-seconds": "600"},
+        {"summary-update-interval-seconds": _non_negative_int},
     ),
 }
 
@@ -1114,6 +1123,9 @@ class SeedData:
     channels: tuple[SeedStakeholder, ...] = ()
     producers: tuple[SeedStakeholder, ...] = ()
     consumers: tuple[SeedConsumer, ...] = ()
+    # Why each seeded consumer that is not created was left out (the pull consumer spec: an
+    # invalid type= skips that consumer only); the seeding logs each as an error.
+    skipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -1132,8 +1144,8 @@ class Config:
     min_schedule_delay_minutes: int = 2
     seed: SeedData = field(default_factory=SeedData)
     sources: tuple[str, ...] = ()
-    # "[section] key" of every key that was set but has no effect yet (not implemented, or in
-    # an ignored section of the Go original); the process entry point warns about them.
+    # "[section] key" of every key that was set but has no effect here (not implemented, or in
+    # an ignored section of the Go original); the process entry point logs them as unused.
     ignored_keys: tuple[str, ...] = ()
 
     @property
@@ -1229,41 +1241,49 @@ def _check_known_keys(parser: configparser.ConfigParser) -> None:
 
 
 def _ignored_keys(parser: configparser.ConfigParser) -> tuple[str, ...]:
-    """The Go original's keys we do not act on that were set to their default (the broker
-    warns about them); set to anything else, a key stops the start, saying why: its setting
-    would be ignored in silence otherwise."""
+    """The Go original's keys that were set but have no meaning here (the broker logs them as
+    unused). Any valid value is accepted: a Go production config must start. A bad value still
+    stops the start (not-implemented keys are parsed with the rest of their section)."""
     found: list[str] = []
     for section in parser.sections():
         keys = SECTION_KEYS.get(section)
         for name in parser[section]:
-            raw = parser[section][name].strip()
             if section in IGNORED_SECTIONS:
-                why, defaults = IGNORED_SECTIONS[section]
-                if name not in defaults:
+                parsers = IGNORED_SECTIONS[section][1]
+                if name not in parsers:
                     raise ConfigError(f"[{section}] {name}: unknown key")
-                default = defaults[name]
-            elif keys is not None and not keys[name].implemented:
-                key = keys[name]
-                why, default = f"not implemented here: {key.help}", key.default
-                if _same(key, raw, default):
-                    raw = default
-            else:
+                raw = parser[section][name].strip()
+                try:
+                    parsers[name](raw)
+                except ValueError as exc:
+                    raise ConfigError(f"[{section}] {name}={raw!r}: {exc}") from None
+            elif keys is None or keys[name].implemented:
                 continue
-            if raw != default:
-                raise ConfigError(
-                    f"[{section}] {name}={raw!r}: {why}; remove it (or set the Go default, "
-                    f"{default!r})"
-                )
             found.append(f"[{section}] {name}")
+    _check_go_retention(parser)
     return tuple(found)
 
 
-def _same(key: Key, raw: str, default: str) -> bool:
-    """Whether two spellings of a value mean the same ("true" and "yes", "0" and "00")."""
-    try:
-        return key.parse(raw) == key.parse(default)
-    except (ValueError, TypeError):
-        return False
+def _check_go_retention(parser: configparser.ConfigParser) -> None:
+    """The one Go key whose value would change what happens here: a Go config that prunes
+    (export-node-name and message-retention-days both set, Go's IsPruningEnabled) keeps
+    messages that many days; `webhook-broker pipeline archive` deletes after [pipeline]
+    retention-days instead, so a different number would archive and delete data earlier (or
+    later) than the operator configured."""
+    if not parser.has_section("prune"):
+        return
+    prune = parser["prune"]
+    days = _non_negative_int(prune.get("message-retention-days", "0").strip())
+    if days == 0 or not prune.get("export-node-name", "").strip():
+        return
+    raw = parser.get("pipeline", "retention-days", fallback=_default("pipeline", "retention-days"))
+    ours = _non_negative_int(raw.strip())
+    if ours != days:
+        raise ConfigError(
+            f"[prune] message-retention-days={days}: pruning here is `webhook-broker pipeline "
+            f"archive`, which deletes after [pipeline] retention-days={ours}; set [pipeline] "
+            f"retention-days={days} to keep the Go retention (or remove the [prune] key)"
+        )
 
 
 def _parse(parser: configparser.ConfigParser, section: str, key: Key) -> Any:
@@ -1409,10 +1429,23 @@ def _build_seed(parser: configparser.ConfigParser) -> SeedData:
         for key in tokens:
             if key not in known:
                 raise ConfigError(f"[{section}] {key}: no such seeded id in its initial-* section")
-    consumers = tuple(
-        _seed_consumer(parser, key, url) for key, url in _section(parser, "initial-consumers")
+    consumers: list[SeedConsumer] = []
+    skipped: list[str] = []
+    for key, url in _section(parser, "initial-consumers"):
+        try:
+            consumers.append(_seed_consumer(parser, key, url))
+        except _SkippedConsumer as exc:
+            skipped.append(str(exc))
+    return SeedData(
+        channels=channels,
+        producers=producers,
+        consumers=tuple(consumers),
+        skipped=tuple(skipped),
     )
-    return SeedData(channels=channels, producers=producers, consumers=consumers)
+
+
+class _SkippedConsumer(Exception):
+    """A seeded consumer the spec says is not created, while the rest of the start goes on."""
 
 
 # Ids, names and tokens are stored in VARCHAR(255) columns.
@@ -1450,7 +1483,9 @@ def _seed_consumer(parser: configparser.ConfigParser, key: str, url: str) -> See
     try:
         consumer_type = ConsumerType(raw_type) if raw_type else ConsumerType.PUSH
     except ValueError:
-        raise ConfigError(f"[{key}] type={raw_type!r}: must be push or pull") from None
+        raise _SkippedConsumer(
+            f"[{key}] type={raw_type!r}: must be push or pull; consumer {key!r} is not created"
+        ) from None
     if not options.get("token"):
         raise ConfigError(f"[{key}] token: must not be empty")
     if not options.get("channel"):
@@ -1513,13 +1548,13 @@ TEMPLATE_HEADER = """\
 #   WEBHOOK_BROKER__<SECTION>__<KEY>, underscores standing for dashes, e.g.
 #   WEBHOOK_BROKER__RDBMS__CONNECTION_URL=postgresql://broker:secret@db:5432/broker
 # A bad value stops the broker at start with the section, key and reason.
-# Keys shown commented out are the Go original's that have no effect here: set to their Go
-# default they are accepted with a warning at start; set to anything else they stop the start,
-# saying why.
+# Keys shown commented out are the Go original's that have no effect here: set to any valid
+# value they are accepted, and the start logs them as unused. The one exception: a Go [prune]
+# message-retention-days that prunes must agree with [pipeline] retention-days.
 # Generated from app/config.py: python -m app.config > webhook-broker.cfg.template
 """
 
-NOT_IMPLEMENTED_NOTE = "Not implemented: only its Go default is accepted."
+NOT_IMPLEMENTED_NOTE = "Unused here: any valid value is accepted and logged as unused."
 
 TEMPLATE_FOOTER = """\
 # Seeds, applied on every start (created or updated, never deleted). Uncomment to use.
@@ -1571,8 +1606,8 @@ def render_template() -> str:
         lines.append("")
     for name, (why, _defaults) in sorted(IGNORED_SECTIONS.items()):
         lines += _comment(
-            f"The Go original's [{name}] section: its keys are accepted at their Go defaults "
-            f"only; {why}."
+            f"The Go original's [{name}] section: its keys are accepted and logged as unused; "
+            f"{why}."
         )
     lines += ["", TEMPLATE_FOOTER]
     return "\n".join(lines)

@@ -231,10 +231,9 @@ def test_bad_config_file_fails_start(workdir: Path) -> None:
     ("seed", "words"),
     [
         ("lonely=\n[lonely]\ntype=pull\nchannel=missing-channel\n", ["lonely", "missing-channel"]),
-        ("lonely=\n[lonely]\ntype=queue\nchannel=c\n", ["[lonely] type", "push or pull"]),
         ("lonely=/hook\n[lonely]\nchannel=c\n", ["[initial-consumers] lonely", "absolute"]),
     ],
-    ids=["unknown channel", "bad type", "relative callback URL"],
+    ids=["unknown channel", "relative callback URL"],
 )
 def test_invalid_seed_entry_fails_start(workdir: Path, seed: str, words: list[str]) -> None:
     config = workdir / "seed.cfg"
@@ -250,6 +249,33 @@ def test_invalid_seed_entry_fails_start(workdir: Path, seed: str, words: list[st
     for word in words:
         assert word in result.stderr, result.stderr
     assert "secret-of-lonely" not in result.stderr and "secret-of-c" not in result.stderr
+
+
+def test_a_seed_consumer_of_an_invalid_type_is_skipped_and_the_start_goes_on(
+    workdir: Path,
+) -> None:
+    # The pull consumer spec: "If any other invalid type is specified, that seed consumer
+    # won't be created" (that one only: the broker starts, with an error line naming it).
+    config = workdir / "seed.cfg"
+    config.write_text(
+        "[initial-channels]\nc=C\n[initial-channel-tokens]\nc=secret-of-c\n"
+        "[initial-consumers]\nlonely=\ngood=\n"
+        "[lonely]\ntype=queue\nchannel=c\ntoken=secret-of-lonely\n"
+        "[good]\ntype=pull\nchannel=c\ntoken=secret-of-good\n"
+    )
+    port = free_port()
+    env = clean_env(workdir.parent / "home", WEBHOOK_BROKER__HTTP__LISTENER=f"127.0.0.1:{port}")
+    broker = Broker(["--config", str(config), "serve"], workdir, env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        broker.wait_ready(base)
+        assert httpx.get(f"{base}/channel/c/consumer/good").status_code == 200
+        assert httpx.get(f"{base}/channel/c/consumer/lonely").status_code == 404
+        errors = [line for line in broker.stderr.splitlines() if "[lonely] type" in line]
+        assert errors and "ERROR" in errors[0] and "not created" in errors[0], broker.stderr
+        assert "secret-of-lonely" not in broker.stderr
+    finally:
+        broker.stop()
 
 
 def test_migrate_then_api(workdir: Path) -> None:

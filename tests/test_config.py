@@ -316,7 +316,6 @@ BAD_SEEDS = [
         SEEDS.replace("ledger=http://ledger:8000/in", "ledger=http://ledger:8000/in\nlost="),
         ["[initial-consumers] lost"],
     ),
-    ("bad consumer type", SEEDS.replace("type=PUSH", "type=webhook"), ["[ledger] type", "push"]),
     (
         "relative callback URL for push",
         SEEDS.replace("mailer=https://mail.example/hook", "mailer=/hook"),
@@ -358,11 +357,21 @@ def test_invalid_seed_entry_is_named(text: str, words: list[str]) -> None:
 
 
 def test_error_messages_never_echo_seeded_tokens() -> None:
-    text = SEEDS.replace("type=PUSH", "type=webhook")
+    text = SEEDS.replace("mailer=https://mail.example/hook", "mailer=/hook")
     with pytest.raises(ConfigError) as caught:
         load_config_text(text)
     for token in ("orders-token", "audit-token", "shop-token", "ledger-token"):
         assert token not in str(caught.value)
+
+
+def test_a_seed_consumer_of_an_invalid_type_is_skipped_alone() -> None:
+    cfg = load_config_text(SEEDS.replace("type=PUSH", "type=webhook"))
+    assert "ledger" not in [c.id for c in cfg.seed.consumers]
+    assert len(cfg.seed.consumers) == len(load_config_text(SEEDS).seed.consumers) - 1
+    assert len(cfg.seed.skipped) == 1
+    for word in ("[ledger] type='webhook'", "push or pull", "not created"):
+        assert word in cfg.seed.skipped[0]
+    assert "ledger-token" not in cfg.seed.skipped[0]
 
 
 @pytest.mark.parametrize(
@@ -443,17 +452,58 @@ def test_not_implemented_keys_set_by_environment_or_ignored_section() -> None:
     assert cfg.broker.max_retry == 3
 
 
+def test_a_go_key_with_no_meaning_here_is_accepted_at_any_valid_value() -> None:
+    # The Helm chart's production queue size, the integration configs' [dlq] interval, log
+    # rotation and every other not-implemented key: logged as unused, never a stop.
+    cfg = load_config_text(
+        "[broker]\nmax-message-queue-size=1000000\npriority-dispatcher-enabled=false\n"
+        "recovery-workers-enabled=false\nretrigger-base-endpoint=http://other:8082\n"
+        "[log]\nmax-backups=7\ncompress-backups=false\n"
+        "[dlq]\nsummary-update-interval-seconds=5\n"
+        "[prune]\nexport-path=/files/export\nmax-archive-file-size-in-mb=1\n",
+        environ={"WEBHOOK_BROKER__SCHEDULER__SCHEDULER_BATCH_SIZE": "7"},
+    )
+    assert cfg.ignored_keys == (
+        "[broker] max-message-queue-size",
+        "[broker] priority-dispatcher-enabled",
+        "[broker] recovery-workers-enabled",
+        "[broker] retrigger-base-endpoint",
+        "[log] max-backups",
+        "[log] compress-backups",
+        "[dlq] summary-update-interval-seconds",
+        "[prune] export-path",
+        "[prune] max-archive-file-size-in-mb",
+        "[scheduler] scheduler-batch-size",
+    )
+
+
+def test_go_pruning_retention_must_agree_with_the_pipeline_retention() -> None:
+    pruning = "[prune]\nexport-node-name=w7b6\nmessage-retention-days=300\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config_text(pruning)
+    for word in ("[prune] message-retention-days=300", "pipeline archive", "retention-days=7"):
+        assert word in str(raised.value)
+    agreed = load_config_text(pruning + "[pipeline]\nretention-days=300\n")
+    assert agreed.pipeline.retention_days == 300
+    assert "[prune] message-retention-days" in agreed.ignored_keys
+    # Go prunes only with both keys set: a retention without a node name prunes nothing.
+    assert load_config_text("[prune]\nmessage-retention-days=300\n").ignored_keys == (
+        "[prune] message-retention-days",
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "environ", "words"),
     [
-        ("", {"WEBHOOK_BROKER__LOG__MAX_BACKUPS": "7"}, ["[log] max-backups='7'", "'3'"]),
-        ("[broker]\npriority-dispatcher-enabled=false\n", {}, ["priority-dispatcher-enabled"]),
-        ("[prune]\nmessage-retention-days=30\n", {}, ["[prune]", "pipeline archive"]),
-        ("[dlq]\nsummary-update-interval-seconds=60\n", {}, ["[dlq]", "summary"]),
+        ("", {"WEBHOOK_BROKER__LOG__MAX_BACKUPS": "many"}, ["[log] max-backups", "many"]),
+        ("[broker]\npriority-dispatcher-enabled=perhaps\n", {}, ["priority-dispatcher-enabled"]),
+        ("[prune]\nmessage-retention-days=-3\n", {}, ["[prune] message-retention-days"]),
+        ("[prune]\nremote-export-destination=ftp\n", {}, ["s3 or gcs"]),
+        ("[dlq]\nsummary-update-interval-seconds=soon\n", {}, ["[dlq]", "summary"]),
         ("[prune]\nretention=3\n", {}, ["[prune] retention: unknown key"]),
     ],
 )
-def test_a_setting_that_would_be_ignored_stops_the_start(
+def test_an_invalid_value_of_an_unused_go_key_stops_the_start(
     text: str, environ: dict[str, str], words: list[str]
 ) -> None:
     with pytest.raises(ConfigError) as raised:
@@ -462,7 +512,7 @@ def test_a_setting_that_would_be_ignored_stops_the_start(
         assert word in str(raised.value)
 
 
-def test_another_spelling_of_the_go_default_is_the_default() -> None:
+def test_another_spelling_of_the_go_default_is_accepted() -> None:
     cfg = load_config_text("[broker]\npriority-dispatcher-enabled=yes\n[log]\nmax-backups=03\n")
     assert cfg.ignored_keys == ("[broker] priority-dispatcher-enabled", "[log] max-backups")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from app.config import SeedConsumer, SeedData
@@ -12,6 +13,8 @@ from app.services.admin import utcnow
 from app.store.db import Database, Tx
 from app.store.stakeholders import ConsumerStore, StakeholderStore, channels, producers
 
+log = logging.getLogger(__name__)
+
 
 class SeedError(InvalidInput):
     """A seed entry cannot be applied; the message names the entry."""
@@ -21,6 +24,8 @@ async def apply_seed(db: Database, seed: SeedData, digest: Callable[[str], str])
     """Upsert seeded channels, producers and consumers: changed names and tokens are applied,
     nothing is deleted, and instances starting together settle races on the unique keys.
     Channel and producer tokens are stored as `digest` makes them (app/domain/tokens.py)."""
+    for reason in seed.skipped:
+        log.error("seed: %s", reason)
     async with db.transaction() as tx:
         for item in seed.channels:
             await _seed_stakeholder(channels(tx), item.id, item.name, digest(item.token))
