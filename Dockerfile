@@ -9,8 +9,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app
-COPY migrations ./migrations
-RUN pip wheel --no-deps --wheel-dir /wheels .
+COPY clients/python ./clients/python
+RUN pip wheel --no-deps --wheel-dir /wheels ./clients/python .
 
 FROM python:3.11-slim AS broker
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
@@ -30,6 +30,6 @@ USER root
 RUN apt-get update && apt-get install -y --no-install-recommends default-jre-headless libpostgresql-jdbc-java \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
-RUN pip install "$(ls /wheels/*.whl)[pipeline]" && rm -rf /wheels
+RUN pip install "$(ls /wheels/webhook_broker-*.whl)[pipeline]" && rm -rf /wheels
 USER broker
 CMD ["pipeline", "--help"]

@@ -163,7 +163,7 @@ def machine_facts() -> dict[str, Any]:
         ).stdout.strip()
         facts["worktree_dirty"] = bool(
             subprocess.run(
-                ["git", "status", "--porcelain", "app", "migrations"],
+                ["git", "status", "--porcelain", "app", "clients"],
                 capture_output=True,
                 text=True,
                 cwd=REPO,

@@ -123,9 +123,9 @@ def test_alert_rules_name_metrics_that_exist() -> None:
 def test_the_image_installs_the_package_ci_installs() -> None:
     # CI installs the checkout (pip install -e '.[dev]'); the image builds a wheel of the same
     # tree: it must copy what the wheel is made of.
-    for path in ("pyproject.toml", "README.md", "app", "migrations"):
+    for path in ("pyproject.toml", "README.md", "app", "clients/python"):
         assert re.search(rf"^COPY .*\b{re.escape(path)}\b", DOCKERFILE, re.M), path
-    assert "pip wheel --no-deps --wheel-dir /wheels ." in DOCKERFILE
+    assert "pip wheel --no-deps --wheel-dir /wheels ./clients/python ." in DOCKERFILE
     assert re.search(r"^USER broker$", DOCKERFILE, re.M)
     assert 'ENTRYPOINT ["webhook-broker"]' in DOCKERFILE and 'CMD ["serve"]' in DOCKERFILE
     assert "FROM broker AS pipeline" in DOCKERFILE and "libpostgresql-jdbc-java" in DOCKERFILE

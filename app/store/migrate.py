@@ -18,13 +18,9 @@ def sync_url(config: DatabaseConfig) -> str:
 
 
 def migrations_dir() -> Path:
-    """The migrations folder: beside the package in a checkout, or installed as `migrations`."""
-    beside = Path(__file__).resolve().parents[2] / "migrations"
-    if (beside / "env.py").is_file():
-        return beside
-    import migrations  # installed alongside app by the wheel
-
-    return Path(next(iter(migrations.__path__)))
+    """The migrations folder, inside the package (the wheel carries it as package data: a
+    top-level `migrations` package would collide with anything else of that name)."""
+    return Path(__file__).resolve().parents[1] / "migrations"
 
 
 def alembic_config(config: DatabaseConfig) -> AlembicConfig:
