@@ -64,11 +64,13 @@ async def test_job_status_and_dlq_status_in_the_go_shape(
         "k2": {"QUEUED": 5},
     }
     queued = by_status["k2"]["QUEUED"]
-    assert queued["statusCode"] == 1000
+    assert queued["statusCode"] == 1001  # Go: JobQueued
     oldest = datetime.fromisoformat(queued["oldestItemTimestamp"])
     newest = datetime.fromisoformat(queued["newestItemTimestamp"])
     assert oldest <= newest
-    assert by_status["k1"]["DEAD"]["statusCode"] == 1003
+    assert by_status["k1"]["INFLIGHT"]["statusCode"] == 1002
+    assert by_status["k1"]["DELIVERED"]["statusCode"] == 1003
+    assert by_status["k1"]["DEAD"]["statusCode"] == 1004
 
     r = await client.get("/dlq-status")
     assert r.status_code == 200, r.text

@@ -168,17 +168,18 @@ async def test_list_and_cancel_scheduled_messages(process: BrokerProcess) -> Non
             return sorted(url.rsplit("/", 1)[1] for url in r.json()["Result"])
 
         assert await listed() == ["far", "soon"]
-        # The Go original's message statuses: ACKNOWLEDGED (100) until dispatched (101).
+        # The Go original's message statuses: ACKNOWLEDGED (101) until dispatched (102).
         assert await messages() == ["far", "now", "soon"]
-        assert await messages("?status=ACKNOWLEDGED") == await messages("?status=100")
-        assert await messages("?status=100") == ["far", "soon"]
-        assert await messages("?status=DISPATCHED") == await messages("?status=101") == ["now"]
-        assert await messages("?status=100&status=101") == ["far", "now", "soon"]
+        assert await messages("?status=ACKNOWLEDGED") == await messages("?status=101")
+        assert await messages("?status=101") == ["far", "soon"]
+        assert await messages("?status=DISPATCHED") == await messages("?status=102") == ["now"]
+        assert await messages("?status=101&status=102") == ["far", "now", "soon"]
+        assert (await broker.http.get(f"/channel/{orders}/messages?status=100")).status_code == 400
         refused = await broker.http.get(f"/channel/{orders}/messages?status=SCHEDULED")
         assert refused.status_code == 400 and "ACKNOWLEDGED" in refused.json()["detail"]
         counts = (await broker.http.get(f"/channel/{orders}/messages-status")).json()["Counts"]
         assert (counts["QUEUED"]["Count"], counts["SCHEDULED"]["Count"]) == (3, 2)
-        assert await listed("?status=SCHEDULED") == await listed("?status=100") == ["far", "soon"]
+        assert await listed("?status=SCHEDULED") == await listed("?status=101") == ["far", "soon"]
         assert await listed("?status=DISPATCHED") == []
         bad = await broker.http.get(f"/channel/{orders}/scheduled-messages?status=LATER")
         assert bad.status_code == 400
@@ -197,6 +198,6 @@ async def test_list_and_cancel_scheduled_messages(process: BrokerProcess) -> Non
         assert sorted(j.text for j in got if j is not None) == ["now", "soon"]
         late = await broker.http.delete(path + "soon", headers=credentials)
         assert late.status_code == 409 and "dispatched" in late.json()["detail"]
-        assert await listed("?status=DISPATCHED") == await listed("?status=101") == ["soon"]
+        assert await listed("?status=DISPATCHED") == await listed("?status=102") == ["soon"]
         info = await billing.info()
         assert (info.pending, info.ack_pending) == (0, 2)  # far's job went with it

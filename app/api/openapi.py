@@ -718,7 +718,7 @@ def operations(config: Config) -> dict[tuple[str, str], Operation]:
             {200: json_answer("a page of scheduled message links", "ScheduledLinks")},
             errors(
                 CURSOR,
-                {400: "status is not SCHEDULED, DISPATCHED, 100 or 101"},
+                {400: "status is not SCHEDULED, DISPATCHED, 101 or 102"},
                 CHANNEL,
                 DATABASE,
             ),
@@ -739,7 +739,7 @@ def operations(config: Config) -> dict[tuple[str, str], Operation]:
             {200: json_answer("a page of message links, newest first", "Links")},
             errors(
                 CURSOR,
-                {400: "status is not ACKNOWLEDGED, DISPATCHED, 100 or 101"},
+                {400: "status is not ACKNOWLEDGED, DISPATCHED, 101 or 102"},
                 CHANNEL,
                 DATABASE,
             ),

@@ -280,8 +280,10 @@ def stream_line(event: StreamEvent) -> bytes:
     return orjson.dumps(body) + b"\n"
 
 
-# The Go original's job status numbers, given beside our names on /job-status.
-GO_JOB_STATUS = {"QUEUED": 1000, "INFLIGHT": 1001, "DELIVERED": 1002, "DEAD": 1003}
+# The Go original's job status numbers, given beside our names on /job-status. In Go's
+# storage/data/job.go a lock-prefix constant opens the const block, so `iota + 1000` is already
+# 1001 at JobQueued.
+GO_JOB_STATUS = {"QUEUED": 1001, "INFLIGHT": 1002, "DELIVERED": 1003, "DEAD": 1004}
 
 
 def job_status(counts: Sequence[StatusCount]) -> dict[str, dict[str, list[dict[str, Any]]]]:

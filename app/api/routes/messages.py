@@ -53,8 +53,10 @@ async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Respon
 # message's jobs are made as it is stored, so a Go message is never ACKNOWLEDGED here for
 # longer than its transaction: what stays "acknowledged, not dispatched" is a scheduled message
 # whose time has not come.
-SCHEDULE_FILTER = {"SCHEDULED": False, "100": False, "DISPATCHED": True, "101": True}
-MESSAGE_FILTER = {"ACKNOWLEDGED": False, "100": False, "DISPATCHED": True, "101": True}
+# Go's numbers start at 101: in storage/data/message.go and scheduledmessage.go a lock-prefix
+# constant opens the same const block, so `iota + 100` is already 101 on the first status.
+SCHEDULE_FILTER = {"SCHEDULED": False, "101": False, "DISPATCHED": True, "102": True}
+MESSAGE_FILTER = {"ACKNOWLEDGED": False, "101": False, "DISPATCHED": True, "102": True}
 
 
 StatusQuery = Annotated[list[str] | None, Query()]
@@ -66,7 +68,7 @@ def status_filter(given: list[str] | None, known: dict[str, bool]) -> bool | Non
     for raw in given or []:
         if raw.upper() not in known:
             names = " or ".join(k for k in known if not k.isdigit())
-            raise InvalidInput(f"status must be {names} (or the Go numbers 100, 101)")
+            raise InvalidInput(f"status must be {names} (or the Go numbers 101, 102)")
         wanted.add(known[raw.upper()])
     return wanted.pop() if len(wanted) == 1 else None
 
