@@ -968,7 +968,12 @@ def _responses(op: Operation, config: Config, gateway: bool, key: tuple[str, str
     read: Mapping[int, str] = {}
     if key in GUARDED_READS and config.http.guarded_reads:
         read = CHANNEL_READER if GUARDED_READS[key] else READER
-    for status, why in errors(op.errors, admin, read).items():
+    limits: dict[int, str] = {}
+    if op.body is not None:  # every body is read through app/api/limits.py
+        limits[408] = "the body did not arrive within [http] read-timeout"
+        if 413 not in op.errors:
+            limits[413] = f"the body is over [http] max-body-bytes ({config.http.max_body_bytes})"
+    for status, why in errors(op.errors, admin, read, limits).items():
         responses[str(status)] = {
             "description": why,
             "headers": _headers(("Retry-After",) if status == 503 else ()),
