@@ -126,6 +126,9 @@ def test_the_image_installs_the_package_ci_installs() -> None:
     for path in ("pyproject.toml", "README.md", "app", "clients/python"):
         assert re.search(rf"^COPY .*\b{re.escape(path)}\b", DOCKERFILE, re.M), path
     assert "pip wheel --no-deps --wheel-dir /wheels ./clients/python ." in DOCKERFILE
+    # its dependencies from the lock, hashes checked; its own two wheels on top
+    assert "pip install --require-hashes -r /tmp/requirements.lock" in DOCKERFILE
+    assert "pip install --no-deps /wheels/*.whl && pip check" in DOCKERFILE
     assert re.search(r"^USER broker$", DOCKERFILE, re.M)
     assert 'ENTRYPOINT ["webhook-broker"]' in DOCKERFILE and 'CMD ["serve"]' in DOCKERFILE
     assert "FROM broker AS pipeline" in DOCKERFILE and "libpostgresql-jdbc-java" in DOCKERFILE
