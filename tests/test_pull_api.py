@@ -192,14 +192,22 @@ async def test_max_bytes_caps_the_batch(client: httpx.AsyncClient, k1: PullConsu
     assert [j["Message"]["MessageID"] for j in body["Jobs"]] == ["m2", "m3"]
 
 
-async def test_max_bytes_always_returns_at_least_one_job(
-    client: httpx.AsyncClient, k1: PullConsumer
+@pytest.mark.parametrize("no_wait", [True, False])
+async def test_a_first_job_larger_than_max_bytes_is_a_409_as_in_the_stream(
+    client: httpx.AsyncClient, k1: PullConsumer, no_wait: bool
 ) -> None:
+    # One rule for the pull answered at once, the streaming pull and JetStream
+    # (app/domain/pulls.py, exceeds_max_bytes): the job stays queued, its attempt unspent.
     await publish(client, "y" * 100, message_id="big")
     await publish(client, "y", message_id="small")
-    body = (await pull(client, k1, batch=10, max_bytes=5, no_wait=True)).json()
-    assert [j["Message"]["MessageID"] for j in body["Jobs"]] == ["big"]
-    assert body["Pending"] == 1
+    r = await pull(client, k1, batch=10, max_bytes=5, no_wait=no_wait, expires=5)
+    assert r.status_code == 409, r.text
+    assert "Message Size Exceeds MaxBytes" in r.json()["detail"]
+    body = (await pull(client, k1, batch=10, max_bytes=200, no_wait=True)).json()
+    assert [(j["Message"]["MessageID"], j["Attempt"]) for j in body["Jobs"]] == [
+        ("big", 1),
+        ("small", 1),
+    ]
 
 
 async def test_max_bytes_stops_at_the_first_job_that_does_not_fit(

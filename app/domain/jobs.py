@@ -64,6 +64,13 @@ def check_seed_transition(
     return True
 
 
+def nak_delay(delay: float | None) -> float:
+    """When a nak'd job is due again, for every transport alike: after its delay, or at once
+    without one, as JetStream's -NAK; either way the nak counts a retry. (The backoff is for
+    deliveries that failed, not for a consumer that hands a job back.)"""
+    return 0.0 if delay is None else delay
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How failures are retried: `max_retry` retries, delays from `backoff_delays` (seconds)."""

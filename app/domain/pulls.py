@@ -97,6 +97,17 @@ class ClaimBatch:
         )
 
 
+# JetStream's status text for a pull whose next message is larger than its MaxBytes.
+MESSAGE_SIZE_EXCEEDS_MAX_BYTES = "Message Size Exceeds MaxBytes"
+
+
+def exceeds_max_bytes(size: int, bytes_left: int | None) -> bool:
+    """The one rule of every pull transport (HTTP, streaming, JetStream): a job larger than
+    what the request has left of its max_bytes is not handed out. A request that got nothing
+    ends with a 409 MESSAGE_SIZE_EXCEEDS_MAX_BYTES; one that got jobs ends with them."""
+    return bytes_left is not None and size > bytes_left
+
+
 class PullEnd(enum.Enum):
     """How a waiting pull request ended; each transport says it its own way."""
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.domain.errors import Conflict, InvalidInput, NotFound
-from app.domain.jobs import AckType, JobStatus, RetryPolicy
+from app.domain.jobs import AckType, JobStatus, RetryPolicy, nak_delay
 from app.domain.models import Consumer, Job, Observe, ignore
 from app.domain.pulls import AckItem, AckOutcome, AckResult, ConsumerCredentials, parse_job_id
 from app.services.auth import pull_consumer
@@ -145,7 +145,7 @@ class AckService:
                     consumer.pk,
                     targets,
                     self._policy,
-                    delay=delay,
+                    delay=nak_delay(delay),
                     reason="nak with no retries left",
                     counted=counted,
                 )

@@ -7,10 +7,11 @@ import asyncio
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from app.domain.errors import InvalidInput, PinLost, TooManyWaiting
+from app.domain.errors import Conflict, InvalidInput, PinLost, TooManyWaiting
 from app.domain.models import Consumer, PulledJob
 from app.domain.priority import PLAIN, PullPriority, check_pull
 from app.domain.pulls import (
+    MESSAGE_SIZE_EXCEEDS_MAX_BYTES,
     MIN_HEARTBEAT_SECONDS,
     ConsumerCredentials,
     Delivery,
@@ -18,6 +19,7 @@ from app.domain.pulls import (
     PullLimits,
     PullRequest,
     PullResult,
+    exceeds_max_bytes,
 )
 from app.services.auth import pull_consumer
 from app.services.claiming import ClaimSource
@@ -61,7 +63,9 @@ class Collected:
         return True
 
     def offer(self, consumer: Consumer, delivery: Delivery, bytes_left: int | None) -> int | None:
-        # A byte budget is kept by the claim statement itself (it counts payload bytes).
+        # The claim statement keeps a byte budget but always takes its first job.
+        if exceeds_max_bytes(len(delivery.job.payload), bytes_left):
+            return None
         self.jobs.append(delivery.job)
         self.pending = delivery.pending
         self.pin = delivery.pin
@@ -167,6 +171,7 @@ class PullService:
                 max_bytes=request.max_bytes,
             )
             if claimed.jobs:
+                await self._refuse_oversized(creds, None, claimed.jobs, request.max_bytes)
                 return PullResult(claimed.jobs, claimed.pending)
         # Nothing claimed: bad credentials (raised here), a capped consumer (its claim needs
         # a lock), or nothing due, when only a pull that waits goes on.
@@ -187,8 +192,30 @@ class PullService:
                 max_bytes=request.max_bytes,
                 incremental_timeout=request.incremental_timeout,
             )
-            return PullResult([d.job for d in batch.deliveries], batch.due)
+            jobs = [d.job for d in batch.deliveries]
+            await self._refuse_oversized(creds, consumer, jobs, request.max_bytes)
+            return PullResult(jobs, batch.due)
         return await self.wait(consumer, request, terms)
+
+    async def _refuse_oversized(
+        self,
+        creds: ConsumerCredentials,
+        consumer: Consumer | None,
+        jobs: list[PulledJob],
+        max_bytes: int | None,
+    ) -> None:
+        """The streaming pull's and JetStream's rule (exceeds_max_bytes) for a pull answered
+        at once: the claim statement always takes its first job, so a first job larger than
+        max_bytes is given back (its attempt too) and the pull answers 409."""
+        if not jobs or not exceeds_max_bytes(len(jobs[0].payload), max_bytes):
+            return
+        if consumer is None:
+            consumer = await self.authenticate(creds)
+        await self._claims.release(consumer.pk, [(j.id, j.attempt) for j in jobs])
+        raise Conflict(
+            f"{MESSAGE_SIZE_EXCEEDS_MAX_BYTES}: the next job is {len(jobs[0].payload)} bytes, "
+            f"max_bytes is {max_bytes}"
+        )
 
     def _join(
         self,
@@ -239,4 +266,9 @@ class PullService:
                 self._scheduler.drop(lambda w: w is waiter)
         if sink.outcome in PIN_LOST:
             raise PinLost(PIN_LOST[sink.outcome])
+        if sink.outcome is PullEnd.TOO_LARGE and not sink.jobs:
+            raise Conflict(
+                f"{MESSAGE_SIZE_EXCEEDS_MAX_BYTES}: the next job is larger than max_bytes "
+                f"({request.max_bytes})"
+            )
         return PullResult(sink.jobs, sink.pending, sink.pin)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from app.domain.models import Consumer, PulledJob
-from app.domain.pulls import Delivery, PullEnd
+from app.domain.pulls import Delivery, PullEnd, exceeds_max_bytes
 from app.services.claiming import ClaimSource
 from app.services.scheduler import PullScheduler, Waiter
 
@@ -77,7 +77,7 @@ class StreamSink:
 
     def offer(self, consumer: Consumer, delivery: Delivery, bytes_left: int | None) -> int | None:
         size = len(delivery.job.payload)
-        if bytes_left is not None and size > bytes_left:
+        if exceeds_max_bytes(size, bytes_left):
             return None
         self._events.append(StreamedJob(delivery.job, delivery.pending, delivery.pin))
         self._buffered += 1
