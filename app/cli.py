@@ -124,7 +124,7 @@ def freeze_heap() -> None:
 
 
 async def run_ledger(config: Config, settle: Sequence[str] | None) -> int:
-    """Print the ledgers, or settle one (README, Operations: the delivery ledger)."""
+    """Print the ledgers, or settle one (docs/operations/metrics.md: the delivery ledger)."""
     from app.domain.errors import NotFound
     from app.services.job_status import JobStatusQueries
     from app.store.db import Database

@@ -45,10 +45,10 @@ class Settings:
     latency_pulls: int = 25
     wake_samples: int = 100
     idle_pollers: int = 100
-    # One dispatcher process per core this process may use, as the README advises deploying
-    # them: a dispatcher's Python thread holds the GIL for the claim, the ack and the headers
-    # of each delivery, and one process alone leaves part of a second core idle (README,
-    # Performance: push).
+    # One dispatcher process per core this process may use, as docs/operations/deployment.md
+    # advises deploying them: a dispatcher's Python thread holds the GIL for the claim, the ack
+    # and the headers of each delivery, and one process alone leaves part of a second core idle
+    # (docs/performance.md, "Push delivery").
     push_dispatchers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     soak: float = 0.0
     profile: bool = False

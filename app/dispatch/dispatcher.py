@@ -40,8 +40,8 @@ CLAIM_CHUNK = 100
 # planning). A claim waits for CLAIM_FILL free slots (half the window, if that is fewer), so
 # that a statement's fixed cost is spread over that many jobs whatever the window (it waited
 # for a quarter of at most 100: two dispatchers sharing 200 then claimed 25 at a time; one
-# dispatcher measured no different with 25 or 50 within the machine's noise: README,
-# Performance: push), and takes one of a few sizes, so each size's statement is prepared once
+# dispatcher measured no different with 25 or 50 within the machine's noise: docs/performance.md,
+# "Push delivery"), and takes one of a few sizes, so each size's statement is prepared once
 # and keeps its plan. It waits CLAIM_WAIT at most: slots held by endpoints that hang must not
 # keep the few free ones from the others.
 CLAIM_FILL = 50

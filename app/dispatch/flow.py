@@ -1,7 +1,7 @@
 """One consumer's share of a dispatcher: how many deliveries may be in flight (AIMD between 1
 and its maxInFlight: halved when the receiver pushes back, one more per success) and, with a
 rateLimit, a token bucket (a second's worth of burst). Both are per dispatcher process: with
-several dispatchers a consumer may get up to that many times its limits (README, Push)."""
+several dispatchers a consumer may get up to that many times its limits (docs/guides/push.md)."""
 
 from __future__ import annotations
 

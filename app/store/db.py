@@ -205,8 +205,9 @@ class Held:
     """A few autocommit driver connections that one hot loop keeps to itself (the push
     dispatcher's claims and acks): a statement runs without a pool check-out, a reset and an
     autocommit switch each side of it, which cost a dispatcher more of its Python thread than
-    decoding the rows (README, Performance: push). Connections open on first use; one that
-    fails (or whose statement is cancelled) is closed and opened again on the next use."""
+    decoding the rows (docs/performance.md, "Why the hot paths look as they do"). Connections
+    open on first use; one that fails (or whose statement is cancelled) is closed and opened
+    again on the next use."""
 
     def __init__(self, url: str, size: int) -> None:
         self._url = url

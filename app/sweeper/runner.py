@@ -24,8 +24,9 @@ MIN_PAUSE = 0.01
 # table) buys back what claims lose walking the dead entries that pile up until it runs, which
 # grows with the square of the wait: one every T seconds costs V / T + a T / 2 a second, least
 # at T = sqrt(2 V / a). The harness measured a = 0.03 (26,000 jobs/s): T = 8 sqrt(V), every
-# 2.8 s for the bench's table (V = 0.12 s), every 14 s for one whose vacuum takes 3 s (README,
-# Performance: "The job table's vacuum"). Per sweeper process: two vacuum up to twice as often.
+# 2.8 s for the bench's table (V = 0.12 s), every 14 s for one whose vacuum takes 3 s
+# (docs/performance.md, "Why the hot paths look as they do"; the runs: bench/journal/README.md).
+# Per sweeper process: two vacuum up to twice as often.
 VACUUM_SPACING = 8.0  # seconds per square root of a second
 
 

@@ -10,10 +10,11 @@ new versions, and once some of its jobs are delivered and vacuumed, the free spa
 hands the next inserts is scattered over pages full of long-lived delivered rows. Every claim
 and ack then lands on a page nearly full, and each read of such a page prunes it again, going
 over all of its rows to free the few that died: a fifth of PostgreSQL's time a job once the
-table held delivered jobs (bench: 41 against 30.5 us a job; README, Performance: "The job
-table's fillfactor"). With half of each page left free at insert, every job's next version fits
-beside it, delivered rows keep to pages inserts no longer pick, and a page is pruned once for
-many dead rows. The cost is room: the job table's heap takes up to twice the space.
+table held delivered jobs (bench: 41 against 30.5 us a job; docs/performance.md, "Why the hot
+paths look as they do"; the runs: bench/journal/README.md). With half of each page left free at
+insert, every job's next version fits beside it, delivered rows keep to pages inserts no
+longer pick, and a page is pruned once for many dead rows. The cost is room: the job table's
+heap takes up to twice the space.
 
 Only pages written from now on are filled this way. PostgreSQL only: SQLite has no fillfactor.
 """
