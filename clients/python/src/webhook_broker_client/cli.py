@@ -222,7 +222,9 @@ COMMANDS = {"publish": publish, "pull": pull, "consume": consume}
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="webhook-broker-client", description=__doc__.split("\n\n")[0] if __doc__ else None
+        prog="webhook-broker-client",
+        description="Publish messages to a webhook-broker, and pull or consume its jobs, over"
+        " HTTP. The address and tokens come from flags or WEBHOOK_BROKER_* variables.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     add_client_commands(sub)
