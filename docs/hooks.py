@@ -121,9 +121,11 @@ def client_reference() -> str:
         (f"{module}.sync.SyncBroker", "The same broker without async, for scripts."),
         (f"{module}.errors", "What the client raises."),
     ]
-    lines = [f"The module is `{module}`.", ""]
-    for target, what in blocks:
-        lines += [f"## `{target.rsplit('.', 1)[1]}`", "", what, "", f"::: {target}", ""]
+    lines = [f"The module is `{module}`.", "", "| | |", "|---|---|"]
+    lines += [f"| `{target.removeprefix(module + '.')}` | {what} |" for target, what in blocks]
+    lines.append("")
+    for target, _ in blocks:
+        lines += [f"::: {target}", "    options:", "      heading_level: 2", ""]
     return "\n".join(lines)
 
 
