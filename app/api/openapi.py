@@ -761,11 +761,11 @@ def operations(config: Config) -> dict[tuple[str, str], Operation]:
             {202: empty("moved, or already in that state")},
             errors(
                 JSON_BODY,
-                {400: "a move the state machine does not allow"},
+                {400: "a move the state machine does not allow, or another worker moved the job"},
                 JOB_PATH,
                 CONSUMER,
                 PULL_ONLY,
-                {409: "the job changed state meanwhile"},
+                {409: "INFLIGHT past maxAckPending, or on a consumer with a priority policy"},
                 DATABASE,
             ),
             json_body(

@@ -3,7 +3,7 @@ through the states the spec allows, and the dead-letter queue."""
 
 from __future__ import annotations
 
-from app.domain.errors import Conflict, InvalidInput, NotFound
+from app.domain.errors import Conflict, InvalidInput, InvalidTransition, NotFound
 from app.domain.jobs import JobStatus, check_seed_transition
 from app.domain.models import ClaimedJob, Consumer, Cursor, Job, Page
 from app.domain.pulls import ConsumerCredentials, parse_job_id
@@ -54,12 +54,14 @@ class SeedJobService:
                 return
             targets = [(current.id, current.attempt)]
             if target is JobStatus.INFLIGHT:
+                await _check_claimable(store, consumer)
                 moved = await store.start(
                     current.id,
                     consumer.pk,
                     current.status,
                     ack_wait=consumer.ack_wait(self._default_ack_wait),
-                    incremental_timeout=incremental_timeout or 0,
+                    # 0 is "none", as in Go (an unsigned zero value): keep the stored one.
+                    incremental_timeout=incremental_timeout or None,
                 )
                 changed = moved is not None
             elif target is JobStatus.DELIVERED:
@@ -71,7 +73,12 @@ class SeedJobService:
                     )
                 )
             if not changed:
-                raise Conflict(f"job {job_id} changed state concurrently; read it and retry")
+                # The spec answers 400 to every move but the allowed ones; by the time this
+                # one ran, the job was no longer {current.status}.
+                raise InvalidTransition(
+                    f"job {job_id} was moved by another worker: it is no longer "
+                    f"{current.status}; read it and retry"
+                )
             announce_capacity(tx, consumer)
 
     async def get_job(self, creds: ConsumerCredentials, job_id: str) -> ClaimedJob:
@@ -125,6 +132,28 @@ class SeedJobService:
             jid = parse_job_id(job_id)
             if not await store.delete_dead(consumer.pk, jid):
                 await _explain_not_dead(store, consumer, jid, "only DEAD jobs are deleted")
+
+
+async def _check_claimable(store: JobStore, consumer: Consumer) -> None:
+    """What a pull checks before it claims, for the Go API's INFLIGHT.
+
+    A priority policy is refused, not served: which request takes a job is the policy's to say
+    (the pinned client, the overflow threshold, the priority order), and a Go API request
+    names no group, pin or priority, so it cannot be a member of the group; taking the job
+    would break the pin. maxAckPending is counted under the consumer row's lock, as the pull
+    counts it, so that concurrent claims cannot pass it together."""
+    if consumer.priority.active:
+        raise Conflict(
+            f"consumer {consumer.id!r} has the {consumer.priority.policy} priority "
+            f"policy (group {consumer.priority.group!r}): its jobs are claimed only by pulls "
+            "of its group (POST .../pull), not by NextState INFLIGHT"
+        )
+    cap = consumer.max_ack_pending
+    if cap is not None and await store.inflight_locked(consumer.pk) >= cap:
+        raise Conflict(
+            f"Exceeded MaxAckPending of {cap}: the consumer has {cap} jobs in flight; ack one "
+            "and retry"
+        )
 
 
 async def _requeue_dead(tx: Tx, consumer: Consumer) -> int:

@@ -351,16 +351,22 @@ class JobStore:
         from_status: JobStatus,
         *,
         ack_wait: int,
-        incremental_timeout: int,
+        incremental_timeout: int | None,
     ) -> Job | None:
-        """Seed API: QUEUED or DEAD -> INFLIGHT (from DEAD counts as a retry)."""
+        """Seed API: QUEUED or DEAD -> INFLIGHT (from DEAD counts as a retry). Without an
+        IncrementalTimeout the job keeps the one it has, as the Go original does (it writes the
+        stored value back), and its lease counts it."""
+        timeout: ColumnElement[Any] | int = (
+            job.c.incremental_timeout if incremental_timeout is None else incremental_timeout
+        )
         values: dict[str, Any] = {
             "status": INFLIGHT,
             "attempt": job.c.attempt + 1,
-            "incremental_timeout": incremental_timeout,
-            "lease_expires_at": self._lease(ack_wait + incremental_timeout),
+            "lease_expires_at": self._lease(ack_wait + timeout),
             "claimed_at": self._now,
         }
+        if incremental_timeout is not None:
+            values["incremental_timeout"] = incremental_timeout
         if from_status is JobStatus.DEAD:
             values["retry_count"] = job.c.retry_count + 1
             values["dead_reason"] = None
@@ -433,11 +439,13 @@ class JobStore:
     async def extend(
         self, consumer_pk: int, targets: Sequence[tuple[int, int | None]], ack_wait: int
     ) -> list[Job]:
-        """In progress: push the lease forward by the ack wait from now."""
+        """In progress: push the lease forward from now by the lease the job was given, the ack
+        wait plus the job's IncrementalTimeout (the seed spec's stopTimeout + rationalDelay +
+        incrementalTimeout): a job leased for 600 s keeps 600 s, not the bare ack wait."""
         return await self._transition(
             self._inflight(consumer_pk, targets),
             {
-                "lease_expires_at": self._lease(ack_wait),
+                "lease_expires_at": self._lease(ack_wait + job.c.incremental_timeout),
                 "status_changed_at": job.c.status_changed_at,
             },
         )
