@@ -723,7 +723,9 @@ SECTIONS: tuple[Section, ...] = (
                 "reject-replays",
                 "false",
                 _boolean,
-                "Refuse a v2 signature already seen inside the timestamp tolerance (per process).",
+                "Refuse a v2 signature already seen inside the timestamp tolerance (per process: "
+                "route a client's requests to one process, or accept that a replay may reach "
+                "another); implies require-v2.",
             ),
         ),
         "Gateway HMAC, as the Go original checks it (X-Broker-Signature: t=<unix>,v1=<hex>), "
@@ -1454,6 +1456,8 @@ MAX_SEED_FIELD_LENGTH = 255
 
 def _check_lengths(where: str, **fields: str) -> None:
     for field_name, value in fields.items():
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+            raise ConfigError(f"{where}: the {field_name} must not contain control characters")
         if len(value) > MAX_SEED_FIELD_LENGTH:
             raise ConfigError(
                 f"{where}: the {field_name} must be at most {MAX_SEED_FIELD_LENGTH} characters"

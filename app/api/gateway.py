@@ -121,7 +121,9 @@ def header_refusal(
         return 403, INVALID
     if abs(now - signature.timestamp) > config.hmac_timestamp_tolerance_seconds:
         return 403, STALE
-    if signature.v2 is None and config.require_v2:
+    # The replay cache keeps v2 signatures: with it on, a v1 one (which a replay could be
+    # cut down to) is refused like under require-v2.
+    if signature.v2 is None and (config.require_v2 or config.reject_replays):
         return 403, V2_REQUIRED
     return signature
 

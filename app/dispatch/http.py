@@ -33,6 +33,7 @@ from app.config import PushConfig
 from app.domain.callbacks import CallbackPolicy, CallbackUrl, parse_callback_url
 from app.domain.errors import InvalidInput
 
+MAX_CHECKED_URLS = 10_000
 RESOLVED_FOR = 30.0  # seconds a name's check (and the address it pinned) is trusted
 
 # Clients kept for (name, address) pairs; beyond this the oldest is dropped (a dropped client's
@@ -142,6 +143,8 @@ class Poster:
     async def _route(self, url: str) -> _Route:
         """Reads, resolves and checks a URL, and trusts the result for RESOLVED_FOR seconds."""
         route = await self._check(url, time.monotonic() + RESOLVED_FOR)
+        if len(self._checked) >= MAX_CHECKED_URLS:  # old callback URLs do not pile up
+            self._checked.clear()
         self._checked[url] = route
         return route
 
@@ -202,6 +205,10 @@ class Poster:
             return Answer(None, error="timed out")
         except PyreqwestError as exc:
             return Answer(None, error=printable(f"{type(exc).__name__}: {exc}", 500))
+        except ValueError as exc:
+            # A header the client cannot send (stored before ids and tokens were checked as
+            # header values): recorded as a failed delivery, never an escaped exception.
+            return Answer(None, error=printable(f"not sent: {exc}", 500), refused=True)
         if status in PUSHED_BACK:
             return Answer(status, retry_after)
         if kept:

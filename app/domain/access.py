@@ -46,13 +46,16 @@ def role_of(authorization: str | None, admin_token: str, reader_token: str) -> R
 
 
 def check_change(authorization: str | None, admin_token: str, reader_token: str) -> None:
-    """A change to channels, producers or consumers: the admin token, when one is set."""
+    """A change to channels, producers or consumers: the admin token, when one is set. The
+    reader token never changes anything, admin token or not."""
+    given = bearer(authorization)
+    if given is not None and _same(given, reader_token):
+        raise Forbidden("the reader token allows reads only")
     if not admin_token:
         return
-    if bearer(authorization) is None:
+    if given is None:
         raise Unauthenticated("this change needs Authorization: Bearer <admin-token>")
-    if role_of(authorization, admin_token, reader_token) is Role.READER:
-        raise Forbidden("the reader token allows reads only")
+    role_of(authorization, admin_token, reader_token)  # 403 for a token that is neither
 
 
 def read_role(

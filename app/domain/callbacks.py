@@ -35,6 +35,8 @@ PRIVATE_NETWORKS = (
     "192.168.0.0/16",  # RFC 1918
     "100.64.0.0/10",  # CGNAT (RFC 6598)
     "fc00::/7",  # unique local
+    "0.0.0.0/8",  # "this host": the broker's own, on Linux
+    "::/128",  # unspecified
 )
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -54,7 +56,8 @@ _PORT = re.compile(r"[1-9][0-9]{0,4}")
 # WHATWG in a path or authority and a plain character to others).
 _URL_CHARS = re.compile(r"[!-~]*")
 
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# The well-known NAT64 prefix and the local-use one (RFC 8215) in its /96 form.
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/96"))
 _IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
@@ -181,7 +184,8 @@ def embedded_ipv4(address: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address
     found: list[ipaddress.IPv4Address] = []
     if address.ipv4_mapped is not None:
         found.append(address.ipv4_mapped)
-    if address in _NAT64 or (address in _IPV4_COMPATIBLE and int(address) > 1):
+    nat64 = any(address in prefix for prefix in _NAT64)
+    if nat64 or (address in _IPV4_COMPATIBLE and int(address) > 1):
         found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     if address.sixtofour is not None:
         found.append(address.sixtofour)

@@ -67,10 +67,16 @@ def name_refusal(name: str, token_header: str) -> str | None:
     asked about here: they are dropped before (is_credential)."""
     if not _TOKEN.match(name):
         return f"{name!r} is not a valid header name"
-    lower = name.lower()
+    # CGI-style receivers (WSGI, Rack, PHP) read "_" and "-" as one: X_Broker_Consumer_Token
+    # would reach them as the broker's own header.
+    lower = name.lower().replace("_", "-")
     if lower in FRAMING or lower.startswith("proxy-"):
         return f"{name} is a connection header the broker's HTTP client sets"
-    if lower == token_header.lower() or lower in BROKER_SET or lower.startswith("x-broker-"):
+    if (
+        lower == token_header.lower().replace("_", "-")
+        or lower in BROKER_SET
+        or lower.startswith("x-broker-")
+    ):
         return f"{name} is a header the broker sets on every push"
     return None
 

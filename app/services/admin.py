@@ -52,12 +52,17 @@ def check_unmodified_since(current: datetime, header: str | None) -> None:
         raise PreconditionFailed("the object was modified since If-Unmodified-Since")
 
 
-def check_text(field: str, value: str, *, limit: int | None = MAX_FIELD_LENGTH) -> str:
+def check_text(
+    field: str, value: str, *, limit: int | None = MAX_FIELD_LENGTH, header_safe: bool = True
+) -> str:
     """PostgreSQL refuses over-long VARCHARs and any NUL character; both are a 400 here."""
     if limit is not None and len(value) > limit:
         raise InvalidInput(f"{field} must be at most {limit} characters")
     if "\x00" in value:
         raise InvalidInput(f"{field} must not contain NUL characters")
+    if header_safe and any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        # Ids and tokens travel in push headers, where a line break would end the header.
+        raise InvalidInput(f"{field} must not contain control characters")
     return value
 
 
@@ -251,7 +256,9 @@ class AdminService:
     ) -> Consumer:
         check_text("consumer id", consumer_id)
         consumer_type = parse_consumer_type(form.type)
-        url = check_text("callbackUrl", (form.callback_url or "").strip(), limit=None)
+        url = check_text(
+            "callbackUrl", (form.callback_url or "").strip(), limit=None, header_safe=False
+        )
         refusal = self._callbacks.literal_refusal(parse_callback_url(url)) if url else None
         if refusal is not None:
             raise InvalidInput(f"callbackUrl refused: {refusal}")

@@ -195,6 +195,37 @@ def test_a_real_serve_on_every_interface_without_a_token_does_not_start(tmp_path
     assert not (tmp_path / "webhook-broker.sqlite3").exists()
 
 
+async def test_the_reader_token_changes_nothing_even_without_an_admin_token(rdbms: str) -> None:
+    """A loopback broker with only a reader token: changes are open to anonymous local callers
+    (no admin token), but never to the reader token, which is read-only by definition."""
+    from app.api.app import create_app
+
+    config = load_config_text(rdbms + f"[http]\nreader-token={READER}\n")
+    runtime = Runtime(config)
+    await runtime.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(config, runtime))
+        async with httpx.AsyncClient(transport=transport, base_url="http://broker.test") as http:
+            r = await put_form(http, "/channel/c", {"token": "t"}, headers=AS_READER)
+            assert r.status_code == 403 and "reads only" in r.json()["detail"]
+            assert (await put_form(http, "/channel/c", {"token": "t"})).status_code == 200
+            assert (await http.get("/channels")).status_code == 401
+            assert (await http.get("/channels", headers=AS_READER)).status_code == 200
+    finally:
+        await runtime.stop()
+
+
+@pytest.mark.parametrize("field", ["id", "token"])
+async def test_ids_and_tokens_with_control_characters_are_refused(
+    client: httpx.AsyncClient, field: str
+) -> None:
+    """They travel in push headers, where a line break would end the header."""
+    path = "/channel/orders/consumer/" + ("bad%0Aid" if field == "id" else "fine")
+    fields = {"type": "pull", **({"token": "t\r\nX-Injected: 1"} if field == "token" else {})}
+    r = await put_form(client, path, fields, headers=AS_ADMIN)
+    assert r.status_code == 400 and "control characters" in r.json()["detail"], r.text
+
+
 # -- tokens at rest ------------------------------------------------------------------------------
 
 

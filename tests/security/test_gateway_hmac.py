@@ -134,6 +134,12 @@ async def test_a_replayed_v2_signature(client: httpx.AsyncClient, second: int) -
         # Another request (another text) is not a replay.
         fresh = {"X-Broker-Signature": v2("GET", "/channels?n=1", b"")}
         assert (await client.get("/channels?n=1", headers=fresh)).status_code == 200
+        # A v1 signature (what a replay of "t=..,v1=..,v2=.." could be cut down to) is
+        # refused: the cache keeps v2 signatures, so reject-replays implies require-v2.
+        t = str(int(time.time()))
+        v1 = hmac.new(SECRET, f"{t}.".encode(), hashlib.sha256).hexdigest()
+        r = await client.get("/channels?n=2", headers={"X-Broker-Signature": f"t={t},v1={v1}"})
+        assert r.status_code == 403, r.text
 
 
 def test_the_replay_cache_is_bounded_and_forgets_what_has_gone_stale() -> None:

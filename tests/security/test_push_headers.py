@@ -66,6 +66,12 @@ NAMES: list[tuple[str, str | None]] = [
     ("user-agent", "the broker sets"),
     ("content-type", "the broker sets"),
     ("X-Request-Id", "the broker sets"),
+    # CGI-style receivers read "_" as "-": these would shadow the broker's own headers.
+    ("X_Broker_Consumer_Token", "the broker sets"),
+    ("webhook_signature", "the broker sets"),
+    ("Content_Type", "the broker sets"),
+    ("x_hook_token", "the broker sets"),
+    ("Transfer_Encoding", "connection header"),
     ("Bad Header", "not a valid header name"),
     ("X-Order\x00", "not a valid header name"),
     ("X-Caf\xe9", "not a valid header name"),

@@ -173,6 +173,22 @@ async def test_an_endless_body_does_not_hold_the_delivery() -> None:
     assert took < 5, took
 
 
+async def test_a_header_the_client_cannot_send_is_a_refused_delivery_not_an_exception() -> None:
+    """Ids and tokens stored before they were checked as header values (a line break in a
+    token): the delivery is recorded as failed, where the exception used to escape the task
+    and leave the job in flight until its lease lapsed, over and over."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"
+    with answering(head, lambda: iter(())) as receiver:
+        poster = Poster(5, 4)
+        try:
+            answer = await poster.post(receiver.url + "/x", b"x", {"X-Token": "a\nb"})
+        finally:
+            await poster.close()
+    assert answer.refused and answer.status is None
+    assert answer.error is not None and "\n" not in answer.error
+    assert receiver.requests == []
+
+
 @pytest.fixture
 def extra_config() -> str:
     return (

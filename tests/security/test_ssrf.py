@@ -108,6 +108,7 @@ def test_a_seeded_callback_is_read_the_same_way() -> None:
 
 DEFAULT = CallbackPolicy.of(DEFAULT_DENIED_CALLBACK_NETWORKS)
 PRIVATE = CallbackPolicy.of(DEFAULT_DENIED_CALLBACK_NETWORKS, deny_private=True)
+NOTHING_DENIED_BUT_PRIVATE = CallbackPolicy.of((), deny_private=True)
 ONLY_ONE = CallbackPolicy.of(DEFAULT_DENIED_CALLBACK_NETWORKS, allow=["127.0.0.1/32"])
 
 
@@ -141,6 +142,10 @@ ONLY_ONE = CallbackPolicy.of(DEFAULT_DENIED_CALLBACK_NETWORKS, allow=["127.0.0.1
         (PRIVATE, "64:ff9b::a00:1", "leads to 10.0.0.1"),
         (PRIVATE, "2002:7f00:1::", "leads to 127.0.0.1"),
         (PRIVATE, "93.184.216.34", None),
+        (PRIVATE, "64:ff9b:1::a9fe:a9fe", "leads to 169.254.169.254"),  # local-use NAT64
+        (PRIVATE, "64:ff9b:1::a00:1", "leads to 10.0.0.1"),
+        (NOTHING_DENIED_BUT_PRIVATE, "0.0.0.0", "0.0.0.0/8"),
+        (NOTHING_DENIED_BUT_PRIVATE, "::", "::/128"),
         (ONLY_ONE, "127.0.0.1", None),
         (ONLY_ONE, "::ffff:127.0.0.1", None),
         (ONLY_ONE, "127.0.0.2", "outside"),
