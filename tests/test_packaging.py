@@ -9,6 +9,7 @@ import asyncio
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -40,7 +41,20 @@ class Wheels:
     client: Path
 
 
-def _build(source: Path, outdir: Path) -> Path:
+def _build(files: list[Path], base: Path, work: Path) -> Path:
+    """A wheel of a copy of `files` (paths under `base`): builds write build/ and *.egg-info
+    into their source tree, and test workers running at once must not share one."""
+    source = work / "source"
+    for path in files:
+        target = source / path.relative_to(base)
+        if path.is_dir():
+            shutil.copytree(
+                path, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    outdir = work / "dist"
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(outdir), str(source)],
         check=True,
@@ -52,10 +66,14 @@ def _build(source: Path, outdir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
-    out = tmp_path_factory.mktemp("wheels")
+    server_files = [ROOT / name for name in ("pyproject.toml", "README.md", "LICENSE", "app")]
     return Wheels(
-        server=_build(ROOT, out / "server"),
-        client=_build(CLIENT, out / "client"),
+        server=_build(server_files, ROOT, tmp_path_factory.mktemp("server")),
+        client=_build(
+            [CLIENT / name for name in ("pyproject.toml", "README.md", "LICENSE", "src")],
+            CLIENT,
+            tmp_path_factory.mktemp("client"),
+        ),
     )
 
 
