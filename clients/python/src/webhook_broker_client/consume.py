@@ -42,16 +42,20 @@ FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
 # The most one streaming pull may ask for, by default ([pull] max-stream-batch).
 MAX_STREAM_BATCH = 4096
-# The longest heartbeat interval that consume() picks by itself.
+# The longest heartbeat interval that consume() picks by itself (ADR-37's default, 30 s).
 MAX_DEFAULT_HEARTBEAT = 30.0
+# ADR-37's default buffer when neither max_messages nor max_bytes is given.
+DEFAULT_MAX_MESSAGES = 1000
 
 
 @dataclass(frozen=True, slots=True)
 class ConsumeOptions:
-    max_messages: int = 500
+    # ADR-37: max_messages and max_bytes are exclusive; neither given, max_messages is 1,000.
+    # With max_bytes alone, the count is bounded only by one streaming pull's batch (4096).
+    max_messages: int | None = None
     max_bytes: int | None = None
-    expires: float = 30.0
-    idle_heartbeat: float | None = None  # default: half of expires, at most 30 s
+    expires: float = 60.0  # ADR-37's default
+    idle_heartbeat: float | None = None  # default: half of expires, at most 30 s (ADR-37)
     threshold_messages: int | None = None  # default: 25% of max_messages, rounded up
     threshold_bytes: int | None = None  # default: 25% of max_bytes, rounded up
     concurrency: int = 10
@@ -60,9 +64,14 @@ class ConsumeOptions:
     terms: dict[str, Any] = field(default_factory=dict)  # priority group fields of each pull
     on_pinned: Callable[[str], None] | None = None
     on_unpinned: Callable[[str], None] | None = None
+    # ADR-37: a heartbeat error ends consume() (wait() raises it). False: it is only reported
+    # to error_callback and the pull is issued again.
+    stop_on_heartbeat_error: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_messages < 1:
+        if self.max_messages is not None and self.max_bytes is not None:
+            raise ValueError("max_messages and max_bytes are exclusive (ADR-37): give one")
+        if self.message_limit < 1:
             raise ValueError("max_messages must be at least 1")
         if self.max_bytes is not None and self.max_bytes < 1:
             raise ValueError("max_bytes must be positive")
@@ -70,8 +79,15 @@ class ConsumeOptions:
             raise ValueError("concurrency must be at least 1")
         if not 0 < self.heartbeat <= self.expires / 2:
             raise ValueError("idle_heartbeat must be positive and at most half of expires")
-        if not 1 <= self.message_threshold <= self.max_messages:
+        if not 1 <= self.message_threshold <= self.message_limit:
             raise ValueError("threshold_messages must be between 1 and max_messages")
+
+    @property
+    def message_limit(self) -> int:
+        """The most jobs asked for or held unfinished at once."""
+        if self.max_messages is not None:
+            return self.max_messages
+        return DEFAULT_MAX_MESSAGES if self.max_bytes is None else MAX_STREAM_BATCH
 
     @property
     def heartbeat(self) -> float:
@@ -83,7 +99,7 @@ class ConsumeOptions:
     def message_threshold(self) -> int:
         if self.threshold_messages is not None:
             return self.threshold_messages
-        return math.ceil(self.max_messages * 0.25)
+        return math.ceil(self.message_limit * 0.25)
 
     @property
     def byte_threshold(self) -> int | None:
@@ -213,7 +229,7 @@ class ConsumeContext:
 
     def _top_up(self) -> None:
         o = self.options
-        wanted = o.max_messages - self.pending
+        wanted = o.message_limit - self.pending
         low = self.pending < o.message_threshold
         byte_budget: int | None = None
         if o.max_bytes is not None:
@@ -272,7 +288,10 @@ class ConsumeContext:
                 silence=2 * o.heartbeat,
             )
         except HeartbeatError as exc:
-            self._report(exc)  # issued again at once: the next one times out as well if need be
+            if o.stop_on_heartbeat_error:
+                self._terminal(exc)
+            else:
+                self._report(exc)  # issued again at once: the next one times out as well
             left, left_bytes = batch - received, max(0, (max_bytes or 0) - received_bytes)
         except (NotFound, Unauthorized) as exc:
             self._terminal(ConsumerGone(exc.status, exc.detail))

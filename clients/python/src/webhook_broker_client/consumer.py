@@ -147,9 +147,9 @@ class PullConsumer:
         self,
         handler: Handler | None = None,
         *,
-        max_messages: int = 500,
+        max_messages: int | None = None,
         max_bytes: int | None = None,
-        expires: float = 30.0,
+        expires: float = 60.0,
         idle_heartbeat: float | None = None,
         threshold_messages: int | None = None,
         threshold_bytes: int | None = None,
@@ -162,6 +162,7 @@ class PullConsumer:
         priority: int | None = None,
         on_pinned: Any = None,
         on_unpinned: Any = None,
+        stop_on_heartbeat_error: bool = True,
     ) -> ConsumeContext:
         """Keep up to `max_messages` jobs coming: each to `handler` (acked when it returns
         with `auto_ack`, naked when it raises), or, without one, to an `async for` over the
@@ -179,6 +180,7 @@ class PullConsumer:
             terms=priority_terms(group, min_pending, min_ack_pending, priority),
             on_pinned=on_pinned,
             on_unpinned=on_unpinned,
+            stop_on_heartbeat_error=stop_on_heartbeat_error,
         )
         return ConsumeContext(self, handler, options)
 
