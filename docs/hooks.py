@@ -15,6 +15,7 @@ at the next `mkdocs build`, and `--strict` fails the build if the generation bre
 from __future__ import annotations
 
 import json
+import posixpath
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,9 @@ OPTIONAL_PAGES = {
     GO_KEYS_PAGE: ("Operations", "Go configuration keys"),
     "upgrading-dependencies.md": ("Operations", "Upgrading dependencies"),
 }
-GO_KEYS_MARKER = "<!-- generated: go-config-keys-link -->"
+# Written as a code span, so the page reads on GitHub before the file is there; a link on the site
+# once it is.
+GO_KEYS_MENTION = f"`docs/{GO_KEYS_PAGE}`"
 
 
 def _import_path() -> None:
@@ -168,10 +171,7 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
         markdown = markdown.replace(OPENAPI_MARKER, openapi_markdown(_openapi))
     if CLIENT_MARKER in markdown:
         markdown = markdown.replace(CLIENT_MARKER, client_reference())
-    if GO_KEYS_MARKER in markdown:
-        if _go_keys_present(config):
-            link = f"[every key of a Go configuration and what it does here](../{GO_KEYS_PAGE})"
-        else:
-            link = f"every key of a Go configuration and what it does here (`docs/{GO_KEYS_PAGE}`)"
-        markdown = markdown.replace(GO_KEYS_MARKER, link)
+    if GO_KEYS_MENTION in markdown and _go_keys_present(config):
+        target = posixpath.relpath(GO_KEYS_PAGE, posixpath.dirname(page.file.src_uri))
+        markdown = markdown.replace(GO_KEYS_MENTION, f"[Go configuration keys]({target})")
     return markdown
