@@ -38,7 +38,7 @@ CHECKS = (
     "response_schema_conformance",
     "stream_lines_conformance",  # tests/openapi_fuzz_hooks.py
 )
-# CI's size; OPENAPI_FUZZ_EXAMPLES=100 for a longer run (the README's).
+# CI's size; OPENAPI_FUZZ_EXAMPLES=100 for a longer run (docs/operations/reliability.md).
 EXAMPLES_PER_OPERATION = int(os.environ.get("OPENAPI_FUZZ_EXAMPLES", "10"))
 MESSAGES = 30  # jobs for the generated pulls to claim
 ERROR = {"$ref": "#/components/schemas/Error"}

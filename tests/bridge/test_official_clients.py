@@ -13,7 +13,7 @@ consumes 300 jobs with its continuous-consumption API and acks each.
 Both speak the same JSON-lines commands. Only the hybrid transport serves the JS client: it
 decides that a message is a protocol message when its subject is the request inbox, so
 deliveries must carry the stored subject, which only a leafnode link can give them (see the
-README's client table)."""
+client table in docs/guides/nats-bridge.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The small chaos run CI makes: a minute of faults with a fixed seed (each fault kind at
 least once), then every invariant. The 30-minute run's command and summary are in the
-README's reliability section."""
+docs/operations/reliability.md."""
 
 from __future__ import annotations
 

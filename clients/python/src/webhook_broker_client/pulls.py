@@ -1,5 +1,5 @@
 """One streaming pull: the broker writes the jobs as it claims them, idle heartbeats, and one
-status line saying how the request ended (see the README's streaming pull)."""
+status line saying how the request ended (docs/guides/streaming-pulls.md)."""
 
 from __future__ import annotations
 
