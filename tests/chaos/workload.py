@@ -1,5 +1,5 @@
-"""The chaos run's clients, each retrying the way docs/operations/reliability.md tells users to: publishers with
-message ids as idempotency keys, HTTP pullers with fenced acks, nats-py pullers through the
+"""The chaos run's clients, each retrying the way docs/operations/reliability.md tells users
+to: publishers with message ids as idempotency keys, HTTP pullers with fenced acks, nats-py pullers through the
 bridges, and a push receiver that fails, times out and pushes back at random. All of them
 write what they saw to the journal; the invariants are checked against it."""
 
@@ -73,7 +73,8 @@ class Apis:
 
 
 async def backoff(attempt: int, rng: random.Random) -> None:
-    """Exponential backoff with full jitter, 0.1 s doubling to 2 s (what docs/operations/reliability.md says)."""
+    """Exponential backoff with full jitter, 0.1 s doubling to 2 s (as the reliability page
+    says)."""
     await asyncio.sleep(rng.uniform(0, min(2.0, 0.1 * 2**attempt)))
 
 
