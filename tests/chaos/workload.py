@@ -1,7 +1,8 @@
 """The chaos run's clients, each retrying the way docs/operations/reliability.md tells users
-to: publishers with message ids as idempotency keys, HTTP pullers with fenced acks, nats-py pullers through the
-bridges, and a push receiver that fails, times out and pushes back at random. All of them
-write what they saw to the journal; the invariants are checked against it."""
+to: publishers with message ids as idempotency keys, HTTP pullers with fenced acks, nats-py
+pullers through the bridges, and a push receiver that fails, times out and pushes back at
+random. All of them write what they saw to the journal; the invariants are checked against
+it."""
 
 from __future__ import annotations
 
