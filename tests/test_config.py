@@ -12,6 +12,7 @@ import pytest
 from app import cli
 from app import config as config_module
 from app.config import SECTIONS, ConfigError, Key, load_config, load_config_text, render_template
+from app.config import load as config_load
 from app.domain.models import ConsumerType
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "webhook-broker.cfg.template"
@@ -25,7 +26,7 @@ def layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     cwd = tmp_path / "cwd"
     for folder in (system.parent, home / ".webhook-broker", cwd):
         folder.mkdir(parents=True)
-    monkeypatch.setattr(config_module, "SYSTEM_CONFIG", system)
+    monkeypatch.setattr(config_load, "SYSTEM_CONFIG", system)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(cwd)
     return {
