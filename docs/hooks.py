@@ -1,7 +1,7 @@
 """MkDocs hooks: the pages that must not drift from the code are generated at build time.
 
 - `<!-- generated: config-keys -->` becomes the configuration reference, read from
-  app/config.py's SECTIONS (the table the loader, its validation and the template come from).
+  app/config/keys.py's SECTIONS (the table the loader, its validation and the template come from).
 - `<!-- generated: openapi -->` becomes the HTTP API reference, rendered as Markdown from the
   OpenAPI document the app builds (no script or CDN: the site works offline), and the document
   itself is written to the site as reference/openapi.json.
@@ -55,7 +55,7 @@ def _cell(text: str) -> str:
 
 
 def config_reference() -> str:
-    """Every section and key of app/config.py's SECTIONS, as Markdown tables."""
+    """Every section and key of app/config/keys.py's SECTIONS, as Markdown tables."""
     _import_path()
     from app.config import IGNORED_SECTIONS, SECTIONS
 

@@ -3,7 +3,7 @@
 Three credentials besides the resources' own tokens: the admin token (every change and every
 read), the reader token (every GET, nothing else), and none. A broker with neither token set
 is open, which the configuration allows only on a loopback listener or with
-[http] allow-anonymous-admin=true (app/config.py).
+[http] allow-anonymous-admin=true (app/config/load.py).
 """
 
 from __future__ import annotations
