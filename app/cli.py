@@ -27,7 +27,7 @@ from app.config import Config, ConfigError, load_config
 from app.logging import setup_logging, warn_ignored_keys, warn_open_access
 
 if TYPE_CHECKING:
-    from app.runtime import Runtime
+    from app.roots.process import Process
 
 log = logging.getLogger("webhook_broker")
 
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
-        ("serve", "API + sweeper in one process; migrates and seeds on start"),
+        ("serve", "API + sweeper + push dispatcher in one process; migrates and seeds on start"),
         ("api", "the HTTP API only"),
         ("sweeper", "the requeue sweeper only"),
         ("dispatcher", "push delivery to callback URLs only"),
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_async(run_worker(config, args.command))
     if args.command == "serve":
         migrate(config)
-    return run_api(config, with_sweeper=args.command == "serve")
+    return run_api(config, serve=args.command == "serve")
 
 
 def run_async(main: Coroutine[Any, Any, int]) -> int:
@@ -163,22 +163,27 @@ def migrate(config: Config) -> None:
     log.info("database migrated to the newest schema")
 
 
-def run_api(config: Config, *, with_sweeper: bool) -> int:
+def run_api(config: Config, *, serve: bool) -> int:
+    """`api` (the HTTP API) or `serve` (with the sweeper and the push dispatcher), started and
+    stopped by create_app's lifespan."""
     import uvicorn
 
     from app.api.app import create_app
     from app.api.limits import uvicorn_limits
-    from app.runtime import Runtime
+    from app.roots.api import ApiRoot
+    from app.roots.serve import ServeRoot
 
-    runtime = Runtime(
-        config, run_sweeper=with_sweeper, run_dispatcher=with_sweeper, nats_advisories=True
+    root = (
+        ServeRoot(config, run_sweeper=True, run_dispatcher=True, nats_advisories=True)
+        if serve
+        else ApiRoot(config, nats_advisories=True)
     )
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
             # Waiting long polls return now, so draining in-flight requests ends promptly;
             # /_ready fails from here on.
-            runtime.begin_draining()
+            root.begin_draining()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
         @contextmanager
@@ -196,26 +201,7 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    app = create_app(config, runtime)
-    original = app.router.lifespan_context
-
-    from contextlib import asynccontextmanager
-
-    @asynccontextmanager
-    async def lifespan(a: object):  # type: ignore[no-untyped-def]
-        try:
-            await runtime.start()
-        except Exception as exc:
-            log.error("start failed: %s", exc)
-            raise
-        freeze_heap()
-        try:
-            async with original(app):
-                yield
-        finally:
-            await runtime.stop()
-
-    app.router.lifespan_context = lifespan
+    app = create_app(config, root, owned=True, on_started=freeze_heap)
     server = Server(
         uvicorn.Config(
             app,
@@ -234,7 +220,7 @@ def run_api(config: Config, *, with_sweeper: bool) -> int:
     return 0 if server.started else 1
 
 
-def serve_metrics(runtime: Runtime) -> Callable[[], None]:
+def serve_metrics(runtime: Process) -> Callable[[], None]:
     """[metrics] listener: this worker's /metrics on its own port (nothing when unset)."""
     listener = runtime.config.metrics.listener
     if listener is None:
@@ -256,46 +242,40 @@ def stopping(stop: asyncio.Event, command: str, config: Config) -> None:
 
 async def run_worker(config: Config, command: str) -> int:
     """A background process (sweeper or dispatcher) that runs until SIGTERM or SIGINT."""
-    from app.runtime import Runtime
+    from app.roots.dispatcher import DispatcherRoot
+    from app.roots.sweeper import SweeperRoot
 
-    runtime = Runtime(
-        config,
-        run_sweeper=command == "sweeper",
-        run_dispatcher=command == "dispatcher",
-        listen=command != "sweeper",
-        nats_advisories=command == "sweeper",
-    )
+    root = SweeperRoot(config) if command == "sweeper" else DispatcherRoot(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping, stop, command, config)
-    await runtime.start(seed=False)
-    stop_metrics = serve_metrics(runtime)
+    await root.start(seed=False)
+    stop_metrics = serve_metrics(root)
     freeze_heap()
     log.info("%s running", command)
     await stop.wait()
-    await runtime.stop()
+    await root.stop()
     stop_metrics()
     return 0
 
 
 async def run_bridge(config: Config) -> int:
     """The NATS bridge until SIGTERM or SIGINT; waiting pulls end, received acks are applied."""
-    from app.bridge.bridge import Bridge
-    from app.runtime import Runtime
+    from app.roots.bridge import BridgeRoot
 
-    runtime = Runtime(config)
+    root = BridgeRoot(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping, stop, "bridge", config)
-    await runtime.start(seed=False)
-    stop_metrics = serve_metrics(runtime)
+    await root.start(seed=False)
+    stop_metrics = serve_metrics(root)
     freeze_heap()
     try:
-        await Bridge(runtime, config.nats).run(stop)
+        await root.serve(stop)
     finally:
-        await runtime.stop()
+        await root.stop()
         stop_metrics()
     return 0
 

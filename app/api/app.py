@@ -1,12 +1,14 @@
-"""create_app(): the FastAPI application for one Runtime."""
+"""create_app(): the FastAPI application over one process's services."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.api.deps import ApiServices
 from app.api.errors import install_error_handlers
 from app.api.gateway import GatewayHmac
 from app.api.limits import UnreadBodyCloses
@@ -14,27 +16,39 @@ from app.api.openapi import install_openapi, operation_id
 from app.api.requests import RequestIds
 from app.api.routes import consumers, jobs, messages, pull, redrives, stakeholders, status
 from app.config import Config
-from app.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 
 def create_app(
-    config: Config, runtime: Runtime | None = None, *, run_sweeper: bool = False
+    config: Config,
+    runtime: ApiServices | None = None,
+    *,
+    owned: bool = False,
+    on_started: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """With `runtime` given (tests), the caller starts and stops it; otherwise the lifespan does."""
+    """The API over `runtime`. Owned (a process of its own: `webhook-broker api|serve`), the
+    app's lifespan starts it, calls `on_started`, and stops it at shutdown; otherwise (tests)
+    the caller does. Without `runtime` the app only describes itself (its OpenAPI document)."""
+    if owned and runtime is None:
+        raise ValueError("an owned lifespan needs the services it starts")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if runtime is not None:
-            app.state.runtime = runtime
+        if runtime is None or not owned:
             yield
             return
-        owned = Runtime(config, run_sweeper=run_sweeper)
-        await owned.start()
-        app.state.runtime = owned
+        try:
+            await runtime.start()
+        except Exception as exc:
+            log.error("start failed: %s", exc)
+            raise
+        if on_started is not None:
+            on_started()
         try:
             yield
         finally:
-            await owned.stop()
+            await runtime.stop()
 
     app = FastAPI(
         title="webhook-broker",

@@ -3,29 +3,68 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Annotated
+from typing import Annotated, Protocol, cast
 
 from fastapi import Depends, Header, Request
 from starlette.formparsers import FormParser, MultiPartException
 
 from app.api.body import request_body
+from app.config import Config
 from app.domain.access import check_change, read_refused, read_role, stands_in
 from app.domain.errors import Forbidden, InvalidInput, UnsupportedMediaType
 from app.domain.models import Cursor
 from app.domain.pulls import ConsumerCredentials
-from app.runtime import Runtime
+from app.metrics import Metrics
+from app.services.acking import AckService
+from app.services.admin import AdminService
+from app.services.health import HealthService
+from app.services.job_status import JobStatusQueries
+from app.services.messages import MessageQueries
+from app.services.pinning import PinService
+from app.services.publishing import PublishingService
+from app.services.pulling import PullService
+from app.services.redrives import RedriveService
+from app.services.seed_jobs import SeedJobService
+from app.services.tokens import TokenKeys
 
 FORM_CONTENT_TYPE = "application/x-www-form-urlencoded"
 READS = frozenset({"GET", "HEAD"})
 
 
-async def runtime(request: Request) -> Runtime:
-    rt = request.app.state.runtime
-    assert isinstance(rt, Runtime)
-    return rt
+class ApiServices(Protocol):
+    """What the API needs of its process: the routes' services and the process's life cycle.
+    A Protocol, so the API names no composition root (app/roots/api.ApiRoot is the one)."""
+
+    config: Config
+    tokens: TokenKeys
+    metrics: Metrics
+    admin: AdminService
+    pins: PinService
+    publishing: PublishingService
+    messages: MessageQueries
+    health: HealthService
+    job_status: JobStatusQueries
+    redrives: RedriveService
+    pulls: PullService
+    acks: AckService
+    seed_jobs: SeedJobService
+
+    @property
+    def draining(self) -> bool: ...
+
+    async def scrape(self) -> bytes: ...
+
+    async def start(self, *, seed: bool = True) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
-RuntimeDep = Annotated[Runtime, Depends(runtime)]
+async def runtime(request: Request) -> ApiServices:
+    # Set by create_app, typed there.
+    return cast(ApiServices, request.app.state.runtime)
+
+
+RuntimeDep = Annotated[ApiServices, Depends(runtime)]
 
 
 async def consumer_credentials(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -29,11 +29,12 @@ from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
 from app.bridge.client import client_options, tls_context
 from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
-from app.config import NatsConfig
+from app.config import Config, NatsConfig
 from app.domain.errors import Unavailable
 from app.logging import log_failure
-from app.runtime import Runtime
+from app.services.advisories import Advisories
 from app.services.bridge import BridgeService
+from app.services.scheduler import PullScheduler
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +80,24 @@ class ClientOutbound:
         await self._nc._flush_pending()
 
 
+class BridgeParts(Protocol):
+    """What a bridge needs of its process (app/roots/pulling.PullingProcess): a Protocol, so
+    the bridge names no composition root."""
+
+    config: Config
+    scheduler: PullScheduler
+    advisories: Advisories
+
+    def bridge_service(self) -> BridgeService: ...
+
+
 class Bridge:
-    def __init__(self, runtime: Runtime, config: NatsConfig, *, name: str = "") -> None:
+    def __init__(self, runtime: BridgeParts, config: NatsConfig, *, name: str = "") -> None:
         self.runtime = runtime
         self.config = config
         self.name = name or "webhook-broker-bridge"
         broker = runtime.config
-        self.service = BridgeService(
-            runtime.db, runtime.claims, runtime.acks, broker.broker.retry_policy, runtime.pins
-        )
+        self.service = runtime.bridge_service()
         self.cache = ConsumerCache(self.service)
         self.nc = NatsClient()
         self.hybrid = config.mode == "hybrid"
@@ -320,8 +330,3 @@ class Bridge:
 
     async def _client_error(self, exc: Exception) -> None:
         log.warning("NATS client error: %s", exc)
-
-
-async def run_bridge(runtime: Runtime, config: NatsConfig, stop: asyncio.Event) -> None:
-    """Run one bridge until `stop` is set (the CLI's `webhook-broker bridge`)."""
-    await Bridge(runtime, config).run(stop)

@@ -32,6 +32,15 @@ class PushTarget:
     state: PushState
 
 
+async def push_targets(db: Database) -> list[PushTarget]:
+    """Every push consumer with what the dispatchers learned of its endpoint (every process's
+    metrics show them, whether or not it pushes)."""
+    async with db.transaction() as tx:
+        consumers = await ConsumerStore(tx).push_consumers()
+        states = await PushStateStore(tx).of([c.pk for c in consumers])
+    return [PushTarget(c, states.get(c.pk, PushState())) for c in consumers]
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:
     failures: int
@@ -54,11 +63,7 @@ class PushService:
         self._breaker = breaker or BreakerSettings(5, 30)
 
     async def targets(self) -> list[PushTarget]:
-        """Every push consumer with what the dispatchers learned of its endpoint."""
-        async with self._db.transaction() as tx:
-            consumers = await ConsumerStore(tx).push_consumers()
-            states = await PushStateStore(tx).of([c.pk for c in consumers])
-        return [PushTarget(c, states.get(c.pk, PushState())) for c in consumers]
+        return await push_targets(self._db)
 
     async def start_probe(self, consumer: Consumer) -> bool:
         """This dispatcher sends the one probe of an open breaker whose cool-down passed."""

@@ -1,0 +1,50 @@
+"""The `sweeper` process: lapsed leases, retries, vacuums and redrives."""
+
+from __future__ import annotations
+
+from app.config import Config
+from app.services.redrives import RedriveService
+from app.services.sweeping import SweepService
+from app.sweeper.redrives import RedriveRunner
+from app.sweeper.runner import Sweeper
+
+from .process import Process
+
+
+def sweep_service(process: Process) -> SweepService:
+    config = process.config
+    return SweepService(
+        process.db,
+        config.broker.retry_policy,
+        config.pull.sweep_batch_size,
+        process.advisories,
+        process.metrics.transition,
+    )
+
+
+def start_sweeping(process: Process, sweeps: SweepService, redrives: RedriveService) -> None:
+    """The sweeper's and the redrive runner's loops, until the process stops."""
+    config = process.config
+    sweeper = Sweeper(
+        sweeps,
+        config.broker.rational_delay_seconds,
+        vacuum_interval_seconds=config.pull.vacuum_interval_seconds,
+        vacuum_min_dead_jobs=config.pull.vacuum_min_dead_jobs,
+        observe_run=process.metrics.swept,
+    )
+    process.spawn(sweeper.run, "sweeper")
+    process.spawn(RedriveRunner(redrives).run, "redrives")
+
+
+class SweeperRoot(Process):
+    sweeps: SweepService
+    redrives: RedriveService
+
+    def __init__(self, config: Config) -> None:
+        # Nothing waits here for a wake-up; lapsed leases are advised on a NATS link of its own.
+        super().__init__(config, listen=False, nats_advisories=True)
+        self.sweeps = sweep_service(self)
+        self.redrives = RedriveService(self.db, self.metrics.transition)
+
+    def _run(self) -> None:
+        start_sweeping(self, self.sweeps, self.redrives)
