@@ -15,7 +15,7 @@ from app.config import Config, LogConfig, load_config_text
 from app.logging import NOISY, setup_logging
 from app.runtime import Runtime
 from bench.pg import free_port
-from tests.helpers_api import FORM_TYPE, publish_headers, put_form
+from tests.helpers.api import FORM_TYPE, publish_headers, put_form
 
 ADMIN = "admin-7f3c0e"
 SEEDED = {
@@ -295,7 +295,8 @@ async def exercise(runtime: Runtime, config: Config) -> None:
 
 
 def test_config_errors_do_not_echo_tokens() -> None:
-    text = SEEDS.replace("type=pull", "type=bogus")
+    # (An unknown consumer type only skips that consumer now; a bad ack-wait stops the start.)
+    text = SEEDS.replace("type=pull", "type=pull\nack-wait=soon")
     with pytest.raises(Exception) as caught:
         load_config_text(text)
     assert find_secrets(str(caught.value), [*SEEDED.values(), ADMIN]) == []
