@@ -1,7 +1,7 @@
 """Prometheus metrics of one process (`GET /metrics`).
 
-Built by the composition root (app/runtime.py) with a registry of its own, so two runtimes in
-one process (tests) never share series. Job counts come from the trigger-kept counters
+Built by each process's composition root (app/roots/process.py) with a registry of its own, so
+two roots in one process (tests) never share series. Job counts come from the trigger-kept counters
 (app/store/job_counts.py), read at most once per JOBS_FOR seconds however often Prometheus
 scrapes: a scrape never counts job rows.
 """
