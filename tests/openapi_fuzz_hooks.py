@@ -16,7 +16,7 @@ import schemathesis
 from requests.structures import CaseInsensitiveDict
 from schemathesis import Case, CheckContext, HookContext, Response
 
-from tests.helpers_pull import CHANNEL, CHANNEL_TOKEN, PRODUCER, PRODUCER_TOKEN
+from tests.helpers.pull import CHANNEL, CHANNEL_TOKEN, PRODUCER, PRODUCER_TOKEN
 
 # Set up by the test: a plain pull consumer, a pinned_client one and a push one.
 CONSUMERS = ("k1", "kg", "push1")

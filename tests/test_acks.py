@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from app.runtime import Runtime
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     PullConsumer,
     consumer_pk,
     expire_leases,

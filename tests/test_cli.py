@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,9 +13,8 @@ import httpx
 import pytest
 
 from bench.pg import free_port
+from tests.helpers.cli import Broker, clean_env, run
 
-EXECUTABLE = Path(sys.executable).with_name("webhook-broker")
-START_TIMEOUT = 60.0
 SEED_ENV = {
     "WEBHOOK_BROKER__INITIAL_CHANNELS__orders": "Orders",
     "WEBHOOK_BROKER__INITIAL_CHANNEL_TOKENS__orders": "cli-chan-secret",
@@ -30,62 +26,6 @@ PUBLISH = {
     "X-Broker-Producer-ID": "shop",
     "X-Broker-Producer-Token": "cli-prod-secret",
 }
-
-
-def clean_env(home: Path, **extra: str) -> dict[str, str]:
-    """The test runner's environment without broker settings, and a HOME of our own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WEBHOOK_BROKER__")}
-    env["HOME"] = str(home)
-    env.update(extra)
-    return env
-
-
-def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(EXECUTABLE), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=START_TIMEOUT,
-        check=False,
-    )
-
-
-class Broker:
-    """One `webhook-broker` process; stdout and stderr go to files we read afterwards."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.cwd = cwd
-        self.stderr_path = cwd / "stderr.log"
-        with self.stderr_path.open("w") as err:
-            self.process = subprocess.Popen(
-                [str(EXECUTABLE), *args], cwd=cwd, env=env, stdout=err, stderr=err
-            )
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def wait_ready(self, base_url: str) -> httpx.Response:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"broker exited with {self.process.returncode}:\n{self.stderr}")
-            try:
-                response = httpx.get(f"{base_url}/_status", timeout=2)
-            except httpx.TransportError:
-                time.sleep(0.1)
-                continue
-            if response.status_code == 200:
-                return response
-            time.sleep(0.1)
-        pytest.fail(f"broker not ready after {START_TIMEOUT}s:\n{self.stderr}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
 
 
 @pytest.fixture

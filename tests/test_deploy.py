@@ -21,7 +21,7 @@ import yaml
 
 from app.cli_nats import permissions_text
 from app.config import SECTIONS, load_config_text
-from tests.natsproc import nats_server_binary
+from tests.helpers.natsproc import nats_server_binary
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.helpers_pull import CHANNEL, job_status, publish, pull_jobs, setup_channel
+from tests.helpers.pull import CHANNEL, job_status, publish, pull_jobs, setup_channel
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 

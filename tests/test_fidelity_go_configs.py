@@ -10,7 +10,7 @@ import pytest
 
 from app.config import ConfigError, load_config
 from bench.pg import free_port
-from tests.test_cli import Broker, clean_env
+from tests.helpers.cli import Broker, clean_env
 
 FIXTURES = Path(__file__).parent / "fixtures" / "go-configs"
 

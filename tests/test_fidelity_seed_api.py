@@ -15,7 +15,7 @@ from sqlalchemy import text
 from app.domain.jobs import JobStatus
 from app.runtime import Runtime
 from app.store.jobs import JobStore
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     PullConsumer,
     consumer_pk,
     job_row,

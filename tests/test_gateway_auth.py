@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.config import ConfigError, load_config_text
-from tests.client.conftest import BrokerProcess
+from tests.helpers.processes import BrokerProcess
 
 SECRET = b"gateway-secret-of-the-test"
 SECTION = f"[gateway-auth]\nmode=hmac\nhmac-shared-secret={base64.b64encode(SECRET).decode()}\n"

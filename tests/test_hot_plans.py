@@ -15,7 +15,7 @@ from sqlalchemy import text
 from app.runtime import Runtime
 from app.store.jobs import PENDING_COUNT_CAP
 from app.store.queue import Named
-from tests.helpers_pull import bulk_publish, consumer_pk, setup_channel
+from tests.helpers.pull import bulk_publish, consumer_pk, setup_channel
 
 ROUNDS = 14  # psycopg prepares on the 6th call; PostgreSQL tries 5 custom plans first
 BATCH = 12  # batch acks above ten elements were once left unprepared

@@ -11,7 +11,7 @@ from sqlalchemy import delete, func, select
 
 from app.runtime import Runtime
 from app.store.schema import consumer, job, job_count, message
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     CHANNEL,
     consumer_pk,
     publish,

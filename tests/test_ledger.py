@@ -15,7 +15,8 @@ from sqlalchemy import delete, func, insert, select
 from app.cli import main
 from app.runtime import Runtime
 from app.store.schema import consumer, job
-from tests.helpers_pull import (
+from tests.helpers.metrics import scrape
+from tests.helpers.pull import (
     CHANNEL,
     consumer_pk,
     producer_headers,
@@ -24,7 +25,6 @@ from tests.helpers_pull import (
     put_consumer,
     setup_channel,
 )
-from tests.test_metrics import scrape
 
 Ledger = dict[str, tuple[float, float, float]]
 

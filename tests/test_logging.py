@@ -12,7 +12,7 @@ import pytest
 from app.config import ConfigError, load_config_text
 from app.domain.errors import Unavailable
 from app.logging import JsonFormatter, log_failure
-from tests.helpers_pull import publish, pull_jobs, setup_channel
+from tests.helpers.pull import publish, pull_jobs, setup_channel
 
 
 async def test_access_lines_as_json(

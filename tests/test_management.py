@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.helpers_api import FORM_TYPE, all_pages, an_earlier_date, create, put_form
+from tests.helpers.api import FORM_TYPE, all_pages, an_earlier_date, create, put_form
 
 STAKEHOLDERS = ["producer", "channel"]
 

@@ -8,13 +8,13 @@ import contextlib
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
 from app import metrics as metrics_module
 from app.runtime import Runtime
 from app.store.migrate import head_revisions
-from tests.helpers_pull import (
+from tests.helpers.metrics import scrape
+from tests.helpers.pull import (
     CHANNEL,
     consumer_pk,
     expire_leases,
@@ -26,17 +26,6 @@ from tests.helpers_pull import (
     status_counts,
     until_waiting,
 )
-
-
-async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    r = await client.get("/metrics")
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain")
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(r.text)
-        for sample in family.samples
-    }
 
 
 def jobs_of(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.domain import nats_permissions as perms
-from tests.natsproc import nats_server_binary
+from tests.helpers.natsproc import nats_server_binary
 
 SUBJECTS = perms.BridgeSubjects("$JS.API", "$WB.ACK", "webhook-broker-bridge")
 

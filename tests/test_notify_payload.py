@@ -13,7 +13,7 @@ from app.config import Config
 from app.runtime import Runtime
 from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, _payload
 from app.store.schema import consumer
-from tests.helpers_pull import CHANNEL, job_rows, publish, setup_channel
+from tests.helpers.pull import CHANNEL, job_rows, publish, setup_channel
 
 
 def test_small_sets_name_each_consumer() -> None:

@@ -26,8 +26,8 @@ import pytest
 from app.api.app import create_app
 from app.config import Config, load_config_text
 from app.runtime import Runtime
-from tests.helpers_live import served
-from tests.helpers_pull import CHANNEL, publish, pull, put_consumer, setup_channel
+from tests.helpers.live import served
+from tests.helpers.pull import CHANNEL, publish, pull, put_consumer, setup_channel
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKS = (

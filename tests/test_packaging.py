@@ -26,8 +26,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from webhook_broker_client import Broker
 
-from tests.client.conftest import BrokerProcess
 from tests.conftest import fresh_database
+from tests.helpers.processes import BrokerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "clients" / "python"

@@ -15,7 +15,7 @@ from app.runtime import Runtime
 from bench.db import payload
 from bench.pg import pg_bindir
 from bench.pgbench import script_defines, script_text
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     CHANNEL,
     CHANNEL_TOKEN,
     PRODUCER,

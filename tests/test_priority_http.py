@@ -13,7 +13,7 @@ import pytest
 
 from app.config import ConfigError, load_config_text
 from app.runtime import Runtime
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     CHANNEL,
     PullConsumer,
     consumer_pk,

@@ -12,7 +12,7 @@ import pytest
 
 from app.config import Config
 from app.runtime import Runtime
-from tests.helpers_pull import consumer_pk, job_rows, publish, setup_channel
+from tests.helpers.pull import consumer_pk, job_rows, publish, setup_channel
 
 
 @pytest.fixture

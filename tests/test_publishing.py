@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from app.runtime import Runtime
 from app.store.schema import job, message
-from tests.helpers_api import create, publish_headers, setup_channel
+from tests.helpers.api import create, publish_headers, setup_channel
 
 MAX_SIZE = 1024
 

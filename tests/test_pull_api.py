@@ -17,7 +17,7 @@ from app.config import Config
 from app.runtime import Runtime
 from app.store.jobs import PENDING_COUNT_CAP
 from app.store.queue import Named
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     PullConsumer,
     consumer_pk,
     job_row,

@@ -14,7 +14,7 @@ import pytest
 
 from app.runtime import Runtime
 from app.sweeper.runner import Sweeper
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     PullConsumer,
     job_rows,
     publish_many,

@@ -14,8 +14,8 @@ import pytest
 
 from app.config import Config
 from app.runtime import Runtime
-from tests.helpers_live import served
-from tests.helpers_pull import (
+from tests.helpers.live import served
+from tests.helpers.pull import (
     PullConsumer,
     consumer_pk,
     job_row,

@@ -18,8 +18,8 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from app.config import Config
 from app.dispatch import dispatcher
 from app.dispatch.http import Poster
-from tests.receiver import Receiver, running_receiver
-from tests.test_push import broker, job_of, publish, setup_push, wait_for_status
+from tests.helpers.push import broker, job_of, publish, setup_push, wait_for_status
+from tests.helpers.receiver import Receiver, running_receiver
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ import pytest
 from app.config import Config
 from app.runtime import Runtime
 from bench.pg import free_port
-from tests.receiver import Receiver, running_receiver
-from tests.test_push import publish, setup_push
+from tests.helpers.push import publish, setup_push
+from tests.helpers.receiver import Receiver, running_receiver
 
 JOBS = 500
 

@@ -13,7 +13,7 @@ from app.domain.tokens import TokenDigest
 from app.runtime import Runtime
 from app.store.db import Tx
 from app.store.queue import Claimed, Named, NewMessage, Published
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     CHANNEL,
     CHANNEL_TOKEN,
     PRODUCER,

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, func, insert, select
 from app.config import load_config_text
 from app.store.migrate import sync_url
 from app.store.schema import consumer, job, message
-from tests.client.conftest import BrokerProcess, Setup, channel_with_consumer
+from tests.helpers.processes import BrokerProcess, Setup, channel_with_consumer
 
 AUTH = {"X-Broker-Channel-Token": "orders-token", "X-Broker-Consumer-Token": "billing-token"}
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from app.config import load_config_text
-from tests.client.conftest import BrokerProcess, Setup, channel_with_consumer
-from tests.receiver import running_receiver
+from tests.helpers.processes import BrokerProcess, Setup, channel_with_consumer
+from tests.helpers.receiver import running_receiver
 
 
 def publisher(made: Setup) -> dict[str, str]:

@@ -14,7 +14,7 @@ from app.domain.models import Consumer
 from app.domain.pulls import Delivery, PullEnd
 from app.runtime import Runtime
 from app.services.scheduler import PullScheduler, Waiter, WaitPolicy
-from tests.helpers_pull import CHANNEL, PullConsumer, publish, setup_channel, until_waiting
+from tests.helpers.pull import CHANNEL, PullConsumer, publish, setup_channel, until_waiting
 
 
 class Recorder:

@@ -15,7 +15,7 @@ from app.config import Config, load_config_text
 from app.runtime import Runtime
 from app.services.seeding import SeedError, apply_seed
 from app.store.schema import channel, consumer, producer
-from tests.helpers_api import create, publish_headers, put_form
+from tests.helpers.api import create, publish_headers, put_form
 
 SEEDS = """
 [initial-channels]

@@ -14,7 +14,7 @@ import pytest
 from app.runtime import Runtime
 from app.services.sweeping import SweepService
 from app.sweeper.runner import MIN_PAUSE, VACUUM_SPACING, Sweeper, next_vacuum_at
-from tests.helpers_pull import (
+from tests.helpers.pull import (
     PullConsumer,
     consumer_pk,
     expire_leases,

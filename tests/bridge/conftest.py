@@ -19,7 +19,7 @@ from app.bridge import protocol as p
 from app.bridge.bridge import Bridge
 from app.config import Config, NatsConfig
 from app.runtime import Runtime
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 ACK_WAIT = 2
 MAX_RETRY = 4

@@ -18,8 +18,8 @@ from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from app.services import claim_ahead
 from tests.bridge.conftest import BridgeFactory, eventually, seed
-from tests.helpers_pull import bulk_publish
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
+from tests.helpers.pull import bulk_publish
 
 REQUESTS = 5
 BATCH = 10  # = [pull] max-batch, so a round (two claims) covers two requests' budgets

@@ -33,8 +33,8 @@ from tests.bridge.conftest import (
     seed,
     uncapped_only,
 )
-from tests.helpers_pull import status_counts
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
+from tests.helpers.pull import status_counts
 
 API = "$JS.API"
 # What comes back after garbage acks is told apart by time: a NAK'd job before the ack wait

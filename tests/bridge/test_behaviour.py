@@ -34,7 +34,7 @@ from tests.bridge.conftest import (
     publish_http,
     uncapped_only,
 )
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 Publish = Callable[[list[str]], Awaitable[None]]
 REPO_ROOT = str(Path(__file__).resolve().parents[2])

@@ -29,7 +29,7 @@ from nats.js.errors import NotFoundError
 from app.runtime import Runtime
 from app.store.jobs import JobStore
 from tests.bridge.conftest import ACK_WAIT, MAX_ACK_PENDING, MAX_RETRY, BridgeFactory, publish_http
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 Publish = Callable[[list[str]], Awaitable[None]]
 COMPARED_HEADERS = ("Content-Type", "X-Order", "Nats-Msg-Id")

@@ -12,8 +12,8 @@ from sqlalchemy import text
 
 from app.runtime import Runtime
 from tests.bridge.conftest import BridgeFactory, eventually, seed
-from tests.helpers_pull import bulk_publish
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
+from tests.helpers.pull import bulk_publish
 
 JOBS = 5000
 WORKERS = 8

@@ -18,8 +18,8 @@ from nats.errors import Error as NatsError
 
 from app.runtime import Runtime
 from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
-from tests.helpers_pull import status_counts
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
+from tests.helpers.pull import status_counts
 
 SEED = int(os.environ.get("FUZZ_SEED", "20261125"))
 MESSAGES = 400

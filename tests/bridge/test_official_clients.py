@@ -39,7 +39,7 @@ from tests.bridge.conftest import (
     publish_http,
     reference_consumer,
 )
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 REPO = Path(__file__).resolve().parents[2]
 JS_DIR = REPO / "tests" / "js"

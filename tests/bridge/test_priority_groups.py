@@ -29,8 +29,8 @@ from tests.bridge.conftest import (
     publish_http,
     uncapped_only,
 )
-from tests.helpers_pull import expire_leases
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
+from tests.helpers.pull import expire_leases
 
 Publish = Callable[[list[str]], Awaitable[None]]
 MS = 1_000_000  # ns

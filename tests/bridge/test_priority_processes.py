@@ -23,7 +23,7 @@ import pytest
 from app.config import Config
 from bench.pg import free_port
 from tests.bridge.conftest import publish_http, uncapped_only
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 PIN_TIMEOUT = 2

@@ -22,8 +22,8 @@ from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from app.store.schema import consumer
 from tests.bridge.conftest import nats_config, publish_http, seed, uncapped_only
-from tests.helpers_pull import until_waiting
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
+from tests.helpers.pull import until_waiting
 
 MAX_WAITING = 2
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.workers"

@@ -20,7 +20,7 @@ from app.domain.jobs import JobStatus
 from app.runtime import Runtime
 from app.store.jobs import JobStore
 from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -29,7 +29,7 @@ from tests.bridge.conftest import (
     reference_consumer,
     uncapped_only,
 )
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.workers"
 Publish = Callable[[list[str]], Awaitable[None]]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from bench.pg import Cluster
 from tests.chaos.journal import Journal
 from tests.chaos.processes import BrokerProcess
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 KINDS = ("kill", "pause", "stop", "pg-restart", "pg-outage", "nats-restart")
 

@@ -47,7 +47,7 @@ from tests.chaos.workload import (
     PushReceiver,
     token,
 )
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 ACK_PREFIX = "$WB.ACK"
 KINDS = ("api", "sweeper", "dispatcher", "bridge")

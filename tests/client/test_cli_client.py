@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.client.conftest import Setup, job_state
+from tests.helpers.processes import Setup, job_state
 
 
 def cli_env(setup: Setup) -> dict[str, str]:

@@ -19,7 +19,7 @@ from webhook_broker_client import (
 )
 from webhook_broker_client.sync import SyncBroker
 
-from tests.client.conftest import BrokerProcess, Setup, job_state
+from tests.helpers.processes import BrokerProcess, Setup, job_state
 
 
 async def test_admin_and_publish(setup: Setup) -> None:

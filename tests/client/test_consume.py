@@ -12,7 +12,7 @@ import httpx
 import pytest
 from webhook_broker_client import ConsumerGone, HeartbeatError, Job
 
-from tests.client.conftest import Setup, job_state
+from tests.helpers.processes import Setup, job_state
 
 
 async def pending_batches(setup: Setup) -> list[int]:

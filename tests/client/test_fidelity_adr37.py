@@ -10,7 +10,7 @@ import pytest
 from webhook_broker_client import HeartbeatError
 from webhook_broker_client.consume import ConsumeOptions
 
-from tests.client.conftest import Setup
+from tests.helpers.processes import Setup
 
 
 def test_max_messages_and_max_bytes_are_exclusive() -> None:

@@ -16,8 +16,8 @@ from app.domain.tokens import TokenDigest, is_digest
 from app.logging import warn_open_access
 from app.runtime import Runtime
 from bench.pg import free_port
-from tests.helpers_api import publish_headers, put_form
-from tests.test_cli import clean_env, run
+from tests.helpers.api import publish_headers, put_form
+from tests.helpers.cli import clean_env, run
 
 ADMIN = "admin-b41d"
 READER = "reader-77e0"

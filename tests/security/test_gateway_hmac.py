@@ -16,8 +16,7 @@ import httpx
 import pytest
 
 from app.api.gateway import ReplayCache
-from tests.client.conftest import BrokerProcess
-from tests.security.test_bounded_inputs import (
+from tests.helpers.bounded import (
     GIB,
     KERNEL_SLACK,
     READ_SLACK,
@@ -25,6 +24,7 @@ from tests.security.test_bounded_inputs import (
     server_reads,
     start_process,
 )
+from tests.helpers.processes import BrokerProcess
 
 SECRET = b"the gateway's shared secret"
 SECTION = f"[gateway-auth]\nmode=hmac\nhmac-shared-secret={base64.b64encode(SECRET).decode()}\n"

@@ -28,7 +28,7 @@ from app.domain.jobs import JobStatus
 from app.runtime import Runtime
 from app.store.jobs import JobStore
 from app.store.stakeholders import ConsumerStore
-from tests.natsproc import NatsServer
+from tests.helpers.natsproc import NatsServer
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE_USER = "webhook-broker-bridge"

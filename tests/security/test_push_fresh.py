@@ -18,8 +18,8 @@ from app.config import Config
 from app.domain.models import Consumer
 from app.runtime import Runtime
 from app.services.push import PushJob, PushService
-from tests.receiver import Receiver, running_receiver
-from tests.test_push import publish, setup_push
+from tests.helpers.push import publish, setup_push
+from tests.helpers.receiver import Receiver, running_receiver
 
 
 @pytest.fixture

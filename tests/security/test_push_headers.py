@@ -21,7 +21,7 @@ from app.domain.headers import forwardable, name_refusal, value_refusal
 from app.runtime import Runtime
 from app.services.publishing import metadata_headers
 from app.store.schema import message
-from tests.test_push import setup_push, wait_for_status
+from tests.helpers.push import setup_push, wait_for_status
 
 TOKEN_HEADER = "X-Hook-Token"
 

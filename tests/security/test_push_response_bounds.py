@@ -20,7 +20,7 @@ import pytest
 
 from app.config import Config
 from app.dispatch.http import Poster
-from tests.test_push import broker, publish, setup_push, wait_for_status
+from tests.helpers.push import broker, publish, setup_push, wait_for_status
 
 GIB = 1 << 30
 MIB = 1 << 20

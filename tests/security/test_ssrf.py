@@ -30,7 +30,7 @@ from app.dispatch.http import Poster
 from app.domain.callbacks import CallbackPolicy, parse_callback_url
 from app.domain.errors import InvalidInput
 from app.runtime import Runtime
-from tests.test_push import publish
+from tests.helpers.push import publish
 
 # -- One reading of a URL ---------------------------------------------------------------------
 
