@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.pg import Cluster, free_port
+from devtools.pg import Cluster, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

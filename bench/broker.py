@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.http1 import Connection, HttpError
-from bench.pg import free_port
 from bench.procs import Service
+from devtools.pg import free_port
 
 PRODUCER = "bp"
 PUB_CONSUMERS = tuple(f"pub{i}" for i in range(1, 6))

@@ -19,8 +19,8 @@ import psycopg
 
 from bench import db
 from bench.broker import PRODUCER, Broker, channel_of, token
-from bench.pg import Cluster, free_port
 from bench.procs import CpuMeter, Service
+from devtools.pg import Cluster, free_port
 
 DBNAME = "bench"
 REPO = Path(__file__).resolve().parent.parent

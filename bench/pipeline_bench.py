@@ -68,7 +68,7 @@ def _database(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from bench.pg import Cluster
+    from devtools.pg import Cluster
 
     cluster = Cluster()
     try:

@@ -30,9 +30,9 @@ from bench.broker import (
 )
 from bench.env import DBNAME, Env, Measured, wait_port
 from bench.http1 import Connection
-from bench.pg import free_port
 from bench.pgbench import JOBS_COUNTED_BY, jobs_per_script, run_pgbench, script_defines
 from bench.procs import CpuMeter, Service
+from devtools.pg import free_port
 
 # First guesses of jobs/s, used only to size backlogs before a scenario has run once; every
 # measurement replaces its guess. A backlog that runs dry is reported, never hidden.

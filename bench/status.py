@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from bench.pg import Cluster
+from devtools.pg import Cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -18,7 +18,7 @@ from app.api.app import create_app
 from app.config import Config, load_config_text
 from app.runtime import Runtime
 from app.store.migrate import upgrade
-from bench.pg import Cluster
+from devtools.pg import Cluster
 
 # One template per test process (pytest-xdist runs several): on a shared server
 # (WEBHOOK_BROKER_TEST_DATABASE_URL) each makes its own, and drops it when its session ends.

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.pg import free_port
+from devtools.pg import free_port
 from tests.helpers.cli import Broker, clean_env, run
 
 SEED_ENV = {

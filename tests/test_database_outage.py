@@ -15,7 +15,7 @@ from app.api.app import create_app
 from app.config import load_config_text
 from app.domain.errors import Unavailable
 from app.runtime import Runtime
-from bench.pg import free_port
+from devtools.pg import free_port
 
 AUTH = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "kt"}
 PRODUCER = {

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from app.config import ConfigError, load_config
-from bench.pg import free_port
+from devtools.pg import free_port
 from tests.helpers.cli import Broker, clean_env
 
 FIXTURES = Path(__file__).parent / "fixtures" / "go-configs"

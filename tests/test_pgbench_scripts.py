@@ -13,8 +13,8 @@ from sqlalchemy import text
 
 from app.runtime import Runtime
 from bench.db import payload
-from bench.pg import pg_bindir
 from bench.pgbench import script_defines, script_text
+from devtools.pg import pg_bindir
 from tests.helpers.pull import (
     CHANNEL,
     CHANNEL_TOKEN,

@@ -18,7 +18,7 @@ import pytest
 
 from app.config import Config
 from app.runtime import Runtime
-from bench.pg import free_port
+from devtools.pg import free_port
 from tests.helpers.push import publish, setup_push
 from tests.helpers.receiver import Receiver, running_receiver
 

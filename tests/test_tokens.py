@@ -14,7 +14,7 @@ from app.api.app import create_app
 from app.config import Config, LogConfig, load_config_text
 from app.logging import NOISY, setup_logging
 from app.runtime import Runtime
-from bench.pg import free_port
+from devtools.pg import free_port
 from tests.helpers.api import FORM_TYPE, publish_headers, put_form
 
 ADMIN = "admin-7f3c0e"

@@ -21,7 +21,7 @@ import nats
 import pytest
 
 from app.config import Config
-from bench.pg import free_port
+from devtools.pg import free_port
 from tests.bridge.conftest import publish_http, uncapped_only
 from tests.helpers.natsproc import NatsServer
 

@@ -8,7 +8,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from bench.pg import Cluster
+from devtools.pg import Cluster
 from tests.chaos.journal import Journal
 from tests.chaos.processes import BrokerProcess
 from tests.helpers.natsproc import NatsServer

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from bench.pg import Cluster, free_port
+from devtools.pg import Cluster, free_port
 from tests.chaos import ledger
 from tests.chaos.faults import Faults
 from tests.chaos.journal import Journal

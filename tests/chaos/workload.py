@@ -21,7 +21,7 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from bench.pg import free_port
+from devtools.pg import free_port
 from tests.chaos.journal import Journal
 
 CHANNEL = "chaos"

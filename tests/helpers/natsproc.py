@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.pg import free_port
+from devtools.pg import free_port
 
 
 def nats_server_binary() -> str:

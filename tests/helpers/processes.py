@@ -19,7 +19,7 @@ import httpx
 import pytest
 from webhook_broker_client import Broker, PullConsumer
 
-from bench.pg import free_port
+from devtools.pg import free_port
 
 START_SECONDS = 60.0
 CONSUMER = "billing"

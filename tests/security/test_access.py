@@ -15,7 +15,7 @@ from app.domain.errors import Forbidden
 from app.domain.tokens import TokenDigest, is_digest
 from app.logging import warn_open_access
 from app.runtime import Runtime
-from bench.pg import free_port
+from devtools.pg import free_port
 from tests.helpers.api import publish_headers, put_form
 from tests.helpers.cli import clean_env, run
 

@@ -1,6 +1,7 @@
-"""A throwaway PostgreSQL cluster for one benchmark run (initdb into a temp dir, unused port).
+"""A throwaway PostgreSQL cluster (initdb into a temp dir, an unused port), and `free_port`.
 
-The test suite starts it too (tests/conftest.py). For benchmarks it is tuned for throughput
+The benchmarks (bench/) and the test suite (tests/conftest.py, the chaos suite) both start it;
+it lives here so that neither imports the other. It is tuned for throughput
 (bigger shared buffers) and loads pg_stat_statements, so every run can say which statements
 each scenario issued.
 fsync and synchronous_commit are off unless `durable` is set: the pgbench ceiling runs on the
@@ -41,7 +42,7 @@ class Cluster:
         self, *, durable: bool = False, shared_buffers: str = "1GB", statements: bool = True
     ) -> None:
         self.bindir = pg_bindir()
-        self.root = Path(tempfile.mkdtemp(prefix="wb-bench-pg-"))
+        self.root = Path(tempfile.mkdtemp(prefix="wb-pg-"))
         self.data = self.root / "data"
         self.port = free_port()
         self.durable = durable
