@@ -20,6 +20,7 @@ from app.dispatch import dispatcher
 from app.dispatch.http import Poster
 from tests.helpers.push import broker, job_of, publish, setup_push, wait_for_status
 from tests.helpers.receiver import Receiver, running_receiver
+from tests.helpers.waiting import eventually
 
 
 @pytest.fixture
@@ -65,10 +66,7 @@ def received(receiver: Receiver, message_id: str) -> list[dict[str, str]]:
 
 
 async def until(check: Any, within: float = 15.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+    await eventually(check, within, 0.02, what="the receiver's requests")
 
 
 def with_retries(config: Config, max_retry: int) -> Config:
@@ -109,14 +107,16 @@ async def test_standard_webhooks_signatures_across_a_rotation(
     )
     new = rotated["SigningSecret"]
     assert new != old and rotated["SigningSecretRotatedUntil"]
-    await asyncio.sleep(1.1)  # a running dispatcher reads consumers' settings once a second
+    # Time passes on purpose: a running dispatcher reads consumers' settings once a second,
+    # and nothing outside it says when it has.
+    await asyncio.sleep(1.1)
     await publish(http, b'{"n": 2}', "during")
     await until(lambda: received(receiver, "during"))
     during = received(receiver, "during")[0]
     assert len(during["webhook-signature"].split(" ")) == 2
     assert verify(new, b'{"n": 2}', during) and verify(old, b'{"n": 2}', during)
 
-    await asyncio.sleep(2.1)  # the overlap ends (3 s after the PUT)
+    await asyncio.sleep(2.1)  # time passes on purpose: the overlap ends (3 s after the PUT)
     await publish(http, b'{"n": 3}', "after")
     await until(lambda: received(receiver, "after"))
     after = received(receiver, "after")[0]
@@ -166,15 +166,18 @@ async def test_410_disables_push_and_a_put_enables_it(
     await setup_push(http, receiver.url + "/hook")
     await publish(http, b"one", "m1")
     await until(lambda: receiver.count("/hook") == 1)
-    for _ in range(100):
-        consumer = (await http.get("/channel/c1/consumer/k1")).json()
-        if not consumer["Enabled"]:
-            break
-        await asyncio.sleep(0.05)
-    assert consumer["Enabled"] is False and consumer["DisabledAt"]
+
+    async def disabled() -> dict[str, Any]:
+        consumer: dict[str, Any] = (await http.get("/channel/c1/consumer/k1")).json()
+        assert consumer["Enabled"] is False, consumer
+        return consumer
+
+    consumer = await eventually(disabled, what="the consumer disabled after a 410")
+    assert consumer["DisabledAt"]
     assert "410" in consumer["DisabledReason"]
     await publish(http, b"two", "m2")
-    await asyncio.sleep(1.5)  # past the dispatcher's idle interval: nothing goes out
+    # Time passes on purpose: past the dispatcher's idle interval, nothing goes out.
+    await asyncio.sleep(1.5)
     assert receiver.count("/hook") == 1
     assert (await job_of(http, "m1"))["Status"] == "QUEUED"
     assert (await job_of(http, "m2"))["Status"] == "QUEUED"
@@ -197,16 +200,17 @@ async def test_the_breaker_opens_burns_no_retries_and_closes_on_recovery(
         for n in range(3):
             await publish(http, b"x", f"m{n}")
         await until(lambda: receiver.count("/hook") >= 3)
-        state: dict[str, Any] = {}
-        for _ in range(100):
-            state = (await http.get("/channel/c1/consumer/k1")).json()["Breaker"]
-            if state["State"] == "open":
-                break
-            await asyncio.sleep(0.05)
-        assert state["State"] == "open" and state["OpenUntil"], state
+
+        async def opened() -> dict[str, Any]:
+            state: dict[str, Any] = (await http.get("/channel/c1/consumer/k1")).json()["Breaker"]
+            assert state["State"] == "open", state
+            return state
+
+        state = await eventually(opened, what="the breaker open")
+        assert state["OpenUntil"], state
         # The jobs are due again after a second's backoff, but the breaker holds them.
         seen = receiver.count("/hook")
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.2)  # time passes on purpose: past the backoff, nothing goes out
         assert receiver.count("/hook") == seen
         retries = [(await job_of(http, f"m{n}"))["RetryCount"] for n in range(3)]
 

@@ -13,6 +13,7 @@ import pytest
 from webhook_broker_client import ConsumerGone, HeartbeatError, Job
 
 from tests.helpers.processes import Setup, job_state
+from tests.helpers.waiting import eventually
 
 
 async def pending_batches(setup: Setup) -> list[int]:
@@ -29,13 +30,13 @@ async def pending_batches(setup: Setup) -> list[int]:
 
 async def settle(setup: Setup, within: float = 20.0) -> None:
     """Until the consumer has no job due or in flight."""
-    deadline = time.monotonic() + within
-    while True:
+
+    async def settled() -> bool:
         info = await setup.consumer.info()
-        if info.pending == 0 and info.ack_pending == 0:
-            return
-        assert time.monotonic() < deadline, info
-        await asyncio.sleep(0.05)
+        assert info.pending == 0 and info.ack_pending == 0, info
+        return True
+
+    await eventually(settled, within, what="the consumer has no job due or in flight")
 
 
 async def test_consume_never_holds_more_than_max_messages(setup: Setup) -> None:
@@ -166,19 +167,14 @@ async def test_a_broker_restart_loses_nothing(private_setup: Setup) -> None:
         handle, max_messages=50, concurrency=10, expires=4, error_callback=errors.append
     )
     await setup.broker.publish_many(setup.channel, [f"a{n}" for n in range(150)])
-    deadline = time.monotonic() + 20
-    while len(handled) < 50:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await eventually(lambda: len(handled) >= 50, 20, what="50 handled")
+    seen = len(errors)
     await asyncio.to_thread(setup.process.stop)  # SIGTERM: the broker's streams end
-    await asyncio.sleep(0.5)  # consume retries against a closed port meanwhile
+    await eventually(lambda: len(errors) > seen, 20, what="consume retried against a closed port")
     await asyncio.to_thread(setup.process.start)
     await setup.broker.publish_many(setup.channel, [f"b{n}" for n in range(150)])
     expected = {f"a{n}" for n in range(150)} | {f"b{n}" for n in range(150)}
-    deadline = time.monotonic() + 60
-    while not expected <= handled:
-        assert time.monotonic() < deadline, sorted(expected - handled)[:10]
-        await asyncio.sleep(0.05)
+    await eventually(lambda: expected <= handled, 60, what="every message handled")
     assert not context.closed
     assert errors  # it said what went wrong while the broker was away
     await context.stop()
@@ -199,7 +195,8 @@ async def test_a_paused_broker_raises_the_heartbeat_error(private_setup: Setup) 
     context = setup.consumer.consume(
         lambda job: None, expires=5, idle_heartbeat=heartbeat, error_callback=on_error
     )
-    await asyncio.sleep(1.5)  # a pull is open, beating
+    # Time passes on purpose: three heartbeats of an open pull go by without an error.
+    await asyncio.sleep(1.5)
     assert errors == []
     setup.process.pause()
     paused = time.monotonic()
@@ -215,18 +212,16 @@ async def test_a_paused_broker_raises_the_heartbeat_error(private_setup: Setup) 
 
     await context.stop()
     context = setup.consumer.consume(got.append, expires=5)
-    deadline = time.monotonic() + 20
-    while not got:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await eventually(lambda: got, 20, what="the job published after the pause")
     await context.stop()
     assert got[0].text == "after"
 
 
 async def test_a_deleted_consumer_ends_consume(setup: Setup) -> None:
     errors: list[Exception] = []
+    batches = await pending_batches(setup)
     context = setup.consumer.consume(lambda job: None, expires=10, error_callback=errors.append)
-    await asyncio.sleep(0.5)
+    await eventually(lambda: batches, what="consume sent its pull")
     await setup.broker.delete_consumer(setup.channel, "billing")
     with pytest.raises(ConsumerGone):
         await asyncio.wait_for(context.wait(), 15)
@@ -301,10 +296,9 @@ async def test_consume_keeps_its_pin_and_learns_when_it_is_lost(setup: Setup) ->
     )
     assert unpinned.status_code == 200 and unpinned.json()["Unpinned"] is True
     await setup.broker.publish(setup.channel, "second")
-    deadline = time.monotonic() + 20
-    while len(pins) < 3 or len(handled) < 2:
-        assert time.monotonic() < deadline, (pins, handled)
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: len(pins) >= 3 and len(handled) >= 2, 20, what="a new pin and two handled"
+    )
     await context.stop()
     # Its pull named the pin that was gone: told so (423), it pulled without it and was
     # pinned afresh, and took the second job under the new pin.
@@ -321,10 +315,7 @@ async def test_a_buffer_larger_than_one_stream_takes_several(
     await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(25)])
     got: list[Job] = []
     context = setup.consumer.consume(got.append, max_messages=25, concurrency=25)
-    deadline = time.monotonic() + 20
-    while len(got) < 25:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await eventually(lambda: len(got) >= 25, 20, what="25 jobs in one consume")
     await context.stop()
     assert batches[:3] == [10, 10, 5]
     await settle(setup)
