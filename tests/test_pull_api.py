@@ -30,6 +30,7 @@ from tests.helpers.pull import (
     until_waiting,
     update_consumer,
 )
+from tests.helpers.waiting import eventually
 
 DEFAULT_LEASE = 32  # connection-timeout-in-seconds 30 + rational-delay-in-seconds 2
 
@@ -581,11 +582,8 @@ async def test_listener_reconnects_and_wakes_waiters_after_losing_its_connection
             )
         ).scalar_one()
     assert killed == 2
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while other.listener.ready.is_set():  # it notices the loss ...
-        assert loop.time() < deadline
-        await asyncio.sleep(0.01)
+    listener = other.listener
+    await eventually(lambda: not listener.ready.is_set(), 10, 0.01, what="the listener lost")
     await asyncio.wait_for(other.listener.ready.wait(), timeout=10)  # ... and comes back
     await until_waiting(other, pk)
     assert not waiting.done()  # woken by the reconnect, found nothing, waits again

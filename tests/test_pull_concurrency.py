@@ -22,6 +22,7 @@ from tests.helpers.pull import (
     setup_channel,
     status_counts,
 )
+from tests.helpers.waiting import eventually
 
 PULLERS = 50
 JOBS = 2000
@@ -202,14 +203,13 @@ async def test_chaos_every_job_ends_delivered_or_dead(
         await asyncio.gather(*slow)
 
     async def monitor() -> None:
-        deadline = time.monotonic() + 90
-        while True:
+        async def settled() -> bool:
             counts = await status_counts(runtime)
-            if counts.get("QUEUED", 0) + counts.get("INFLIGHT", 0) == 0:
-                finished.set()
-                return
-            assert time.monotonic() < deadline, f"not settled: {counts}"
-            await asyncio.sleep(0.5)
+            assert counts.get("QUEUED", 0) + counts.get("INFLIGHT", 0) == 0, counts
+            return True
+
+        await eventually(settled, 90, 0.5, what="no job queued or in flight")
+        finished.set()
 
     stop = asyncio.Event()
     first_sweeper = asyncio.create_task(

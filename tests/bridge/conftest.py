@@ -212,14 +212,6 @@ async def publish_http(client: httpx.AsyncClient, names: list[str]) -> None:
         assert response.status_code == 201, response.text
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
-
-
 async def arriving(sub: Any, window: float) -> AsyncIterator[Any]:
     """The messages a subscription receives within `window` seconds."""
     loop = asyncio.get_running_loop()

@@ -17,9 +17,10 @@ from sqlalchemy import text
 from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from app.services import claim_ahead
-from tests.bridge.conftest import BridgeFactory, eventually, seed
+from tests.bridge.conftest import BridgeFactory, seed
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.pull import bulk_publish
+from tests.helpers.waiting import eventually
 
 REQUESTS = 5
 BATCH = 10  # = [pull] max-batch, so a round (two claims) covers two requests' budgets
@@ -84,7 +85,7 @@ async def test_requests_beyond_one_round_get_the_queue_in_order(
 
     # Once no request comes, what was claimed ahead is given back: exactly the delivered jobs
     # are leased, once each, and the rest wait unclaimed.
-    await eventually(lambda: settled(bridge, runtime, REQUESTS * BATCH, QUEUED), within=10)
+    await eventually(lambda: settled(bridge, runtime, REQUESTS * BATCH, QUEUED), timeout=10)
     async with runtime.db.transaction() as tx:
         leased = set(
             (await tx.conn.execute(text("SELECT id FROM job WHERE status = 'INFLIGHT'"))).scalars()
@@ -123,7 +124,7 @@ async def test_the_next_request_gets_jobs_claimed_ahead_and_the_rest_go_back(
             return bridge.engine.claimed_ahead() == BATCH and counts[("INFLIGHT", 1)] == 2 * BATCH
 
         # A consumer that pulled 10 is likely to pull 10 again: they are claimed already.
-        await eventually(held, within=0.9)
+        await eventually(held, timeout=0.9)
         second = await psub.fetch(BATCH, timeout=5)
     finally:
         await nc.close()
@@ -133,4 +134,4 @@ async def test_the_next_request_gets_jobs_claimed_ahead_and_the_rest_go_back(
     consumer_seqs = [int(t[-3]) for t in tokens]
     assert consumer_seqs == sorted(consumer_seqs)
     # The ten claimed after the second fetch are given back when no third request comes.
-    await eventually(lambda: settled(bridge, runtime, 2 * BATCH, 3 * BATCH), within=10)
+    await eventually(lambda: settled(bridge, runtime, 2 * BATCH, 3 * BATCH), timeout=10)

@@ -30,11 +30,11 @@ from tests.bridge.conftest import (
     MAX_ACK_PENDING,
     MAX_RETRY,
     BridgeFactory,
-    eventually,
     publish_http,
     uncapped_only,
 )
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.waiting import eventually
 
 Publish = Callable[[list[str]], Awaitable[None]]
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -219,7 +219,7 @@ async def test_requests_of_departed_clients_are_dropped(
     async def none_waiting() -> bool:
         return bridge.engine.num_waiting(1) == 0
 
-    await eventually(none_waiting, within=5)
+    await eventually(none_waiting, timeout=5)
     staying = await nats.connect(hub.url)
     try:
         psub = await staying.jetstream().pull_subscribe_bind("workers", stream="orders")
@@ -274,7 +274,7 @@ async def test_nats_server_restart_loses_and_duplicates_nothing(
                 bridge.nc.is_connected and leaf is not None and leaf.ready() and worker.is_connected
             )
 
-        await eventually(reconnected, within=15)
+        await eventually(reconnected, timeout=15)
         assert bridge.leaf.connects == 2
         [msg] = await psub.fetch(1, timeout=3)
         assert msg.data == b"during" and msg.metadata.num_delivered == 1

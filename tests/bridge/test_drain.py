@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import text
 
 from app.runtime import Runtime
-from tests.bridge.conftest import BridgeFactory, eventually, seed
+from tests.bridge.conftest import BridgeFactory, seed
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.pull import bulk_publish
+from tests.helpers.waiting import eventually
 
 JOBS = 5000
 WORKERS = 8
@@ -66,7 +67,7 @@ async def test_two_bridges_eight_workers_drain_5000(
             )
         return counts == {"DELIVERED": JOBS}
 
-    await eventually(all_delivered, within=30)
+    await eventually(all_delivered, timeout=30)
     elapsed = time.monotonic() - start
     async with runtime.db.transaction() as tx:
         attempts = (

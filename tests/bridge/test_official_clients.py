@@ -35,11 +35,11 @@ from tests.bridge.conftest import (
     ACK_WAIT,
     MAX_ACK_PENDING,
     BridgeFactory,
-    eventually,
     publish_http,
     reference_consumer,
 )
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 JS_DIR = REPO / "tests" / "js"
@@ -313,4 +313,4 @@ async def test_consume_acks_300_jobs_each_delivered_once(
             )
             return {(s, a): n for s, a, n in rows.all()} == {("DELIVERED", 1): 300}
 
-    await eventually(all_delivered, within=10)
+    await eventually(all_delivered, timeout=10)

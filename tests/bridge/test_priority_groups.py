@@ -31,6 +31,7 @@ from tests.bridge.conftest import (
 )
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.pull import expire_leases
+from tests.helpers.waiting import eventually
 
 Publish = Callable[[list[str]], Awaitable[None]]
 MS = 1_000_000  # ns
@@ -468,7 +469,7 @@ async def test_api_and_sweeper_processes_publish_their_advisories(
         creds = ConsumerCredentials("orders", stored, "pin", "pin-token")
         pulled = await process.pulls.pull(creds, PullRequest(no_wait=True, terms=Terms("jobs")))
         assert pulled.pin_id is not None and [j.message_id for j in pulled.jobs] == ["x1"]
-        await asyncio.sleep(1.1)
+        await asyncio.sleep(1.1)  # time passes on purpose: the 1 s priority timeout lapses
         assert len(await process.sweeps.expire_pins()) == 1
         # The job's lease lapses with no retry left (max-retry is 4: four lapses requeue it).
         job_id = pulled.jobs[0].id
@@ -482,7 +483,10 @@ async def test_api_and_sweeper_processes_publish_their_advisories(
                 break
             pin = again.pin_id
         await nc.flush()
-        await asyncio.sleep(0.3)
+        await eventually(
+            lambda: any(a["type"].endswith("max_deliver") for a in advised),
+            what="the max_deliver advisory",
+        )
     finally:
         await nc.close()
         await process.stop()
@@ -495,11 +499,7 @@ async def test_api_and_sweeper_processes_publish_their_advisories(
 
 
 async def eventually_attached(process: Runtime) -> None:
-    for _ in range(100):
-        if process.advisories.attached:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the advisory link never connected")
+    await eventually(lambda: process.advisories.attached, 5, what="the advisory link connected")
 
 
 BAD_CONFIGS: dict[str, dict[str, Any]] = {

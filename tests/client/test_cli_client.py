@@ -8,10 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.helpers.processes import Setup, job_state
+from tests.helpers.waiting import eventually
 
 
 def cli_env(setup: Setup) -> dict[str, str]:
@@ -90,10 +90,12 @@ async def test_consume_runs_a_command_per_job(setup: Setup, tmp_path: Path) -> N
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not out.exists() or len(out.read_text().split()) < 2:
-            assert time.monotonic() < deadline, "the command did not run for each job"
-            await asyncio.sleep(0.1)
+        await eventually(
+            lambda: out.exists() and len(out.read_text().split()) >= 2,
+            30,
+            0.1,
+            what="the command run for each job",
+        )
         await asyncio.sleep(0.5)
         process.send_signal(signal.SIGTERM)
         _, raw = await asyncio.wait_for(process.communicate(), 30)

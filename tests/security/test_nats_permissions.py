@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,6 +28,7 @@ from app.runtime import Runtime
 from app.store.jobs import JobStore
 from app.store.stakeholders import ConsumerStore
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE_USER = "webhook-broker-bridge"
@@ -127,14 +127,6 @@ def server_with(block: str) -> NatsServer:
         "include nats-permissions.conf\n"
     )
     return server
-
-
-async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 async def job_status(runtime: Runtime, consumer_id: str, message_pk: int) -> JobStatus:
