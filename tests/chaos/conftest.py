@@ -12,6 +12,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     minutes = config.getoption("--chaos-minutes")
-    if minutes is not None:  # the run, its drain and its set-up, past the suite's timeout
+    if minutes is not None:  # the run, its drain and its set-up, past the default run's mark
         for item in items:
-            item.add_marker(pytest.mark.timeout(minutes * 60 + 900))
+            # prepended: the closest mark wins over the test's own mark for the one-minute run
+            item.add_marker(pytest.mark.timeout(minutes * 60 + 900), append=False)

@@ -16,6 +16,9 @@ SEED = int(os.environ.get("CHAOS_SEED", "20261125"))
 SECONDS = float(os.environ.get("CHAOS_SECONDS", "60"))
 
 
+# The minute of faults, its drain (Settings.drain_seconds, 120 s) and the start of PostgreSQL,
+# nats-server and the broker processes: past the suite's per-test timeout, far under this.
+@pytest.mark.timeout(600)
 async def test_a_short_chaos_run_keeps_every_invariant(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
