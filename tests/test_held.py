@@ -15,6 +15,7 @@ from app.config import load_config_text
 from app.domain.errors import Unavailable
 from app.store.db import Database, Held
 from app.store.queue import int_array
+from tests.helpers.waiting import eventually
 
 
 @pytest.fixture
@@ -60,19 +61,19 @@ async def test_after_the_server_dropped_the_connection(held: tuple[Database, Hel
 
 async def test_after_a_cancelled_statement(held: tuple[Database, Held]) -> None:
     db, connections = held
+    sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'"
     running = asyncio.create_task(connections.run("SELECT pg_sleep(30)", {}))
-    await asyncio.sleep(0.3)
+
+    async def asleep(count: int) -> bool:
+        return await db.run_alone(sleeping, {}) == [(count,)]
+
+    await eventually(lambda: asleep(1), what="the statement running on the server")
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
     assert await asyncio.wait_for(connections.run("SELECT 1", {}), 5) == [(1,)]
     # Its connection was closed, so the server stopped the statement rather than finishing it.
-    sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'"
-    for _ in range(50):
-        if await db.run_alone(sleeping, {}) == [(0,)]:
-            break
-        await asyncio.sleep(0.1)
-    assert await db.run_alone(sleeping, {}) == [(0,)]
+    await eventually(lambda: asleep(0), 5, 0.1, what="the server stopped the statement")
 
 
 async def test_closed_connections_run_nothing(held: tuple[Database, Held]) -> None:

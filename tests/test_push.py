@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ from app.config import Config
 from app.runtime import Runtime
 from tests.helpers.push import broker, job_of, publish, setup_push, wait_for_status
 from tests.helpers.receiver import Receiver, running_receiver
+from tests.helpers.waiting import eventually
 
 CHANNEL_AUTH = {"X-Broker-Channel-Token": "ct"}
 CONSUMER_AUTH = {"X-Broker-Channel-Token": "ct", "X-Broker-Consumer-Token": "kt"}
@@ -149,9 +151,9 @@ async def test_priority_order_holds_when_workers_are_saturated(
     dispatcher = Runtime(one_worker, run_dispatcher=True)
     await dispatcher.start()
     try:
-        deadline = time.monotonic() + 20
-        while receiver.count("/ordered") < len(priorities) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: receiver.count("/ordered") >= len(priorities), 20, what="every delivery"
+        )
     finally:
         await dispatcher.stop()
     order = [r.headers["x-broker-message-id"] for r in receiver.requests]
@@ -192,13 +194,15 @@ async def test_answers_for_several_consumers_are_all_recorded_once(
     for message_id in ids:
         await publish(push_client, b"x", message_id)
     for message_id in ids:
-        r = await push_client.get(f"/channel/c1/message/{message_id}")
-        deadline = time.monotonic() + 20
-        while {j["Status"] for j in r.json()["Jobs"]} != {"DELIVERED"}:
-            assert time.monotonic() < deadline, r.json()["Jobs"]
-            await asyncio.sleep(0.05)
+
+        async def delivered(message_id: str = message_id) -> list[dict[str, Any]]:
             r = await push_client.get(f"/channel/c1/message/{message_id}")
-        assert len(r.json()["Jobs"]) == 2
+            jobs: list[dict[str, Any]] = r.json()["Jobs"]
+            assert {j["Status"] for j in jobs} == {"DELIVERED"}, jobs
+            return jobs
+
+        jobs = await eventually(delivered, 20, what=f"every job of {message_id} delivered")
+        assert len(jobs) == 2
     await asyncio.sleep(0.3)  # a second delivery of any job would arrive by now
     assert receiver.count("/a") == receiver.count("/b") == len(ids)
     assert set(receiver.by_message().values()) == {2}
@@ -214,10 +218,7 @@ async def test_stopping_records_the_answers_of_deliveries_in_flight(
         await setup_push(http, receiver.url + "/slow")
         for message_id in ids:
             await publish(http, b"x", message_id)
-        deadline = time.monotonic() + 10
-        while receiver.count("/slow") < len(ids):
-            assert time.monotonic() < deadline, receiver.count("/slow")
-            await asyncio.sleep(0.01)
+        await eventually(lambda: receiver.count("/slow") >= len(ids), 10, 0.01, what="every call")
 
     async with broker(config) as http:
         statuses = [(await job_of(http, message_id))["Status"] for message_id in ids]

@@ -21,6 +21,7 @@ from app.runtime import Runtime
 from devtools.pg import free_port
 from tests.helpers.push import publish, setup_push
 from tests.helpers.receiver import Receiver, running_receiver
+from tests.helpers.waiting import eventually
 
 JOBS = 500
 
@@ -98,9 +99,7 @@ async def test_sigkill_mid_delivery_loses_nothing(
     url = config.database.connection_url
 
     first = spawn(config_file, "dispatcher")
-    deadline = time.monotonic() + 60
-    while delivered(url) < JOBS // 5 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await eventually(lambda: delivered(url) >= JOBS // 5, 60, what="a fifth delivered")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=10)
     at_kill = delivered(url)
@@ -109,9 +108,7 @@ async def test_sigkill_mid_delivery_loses_nothing(
     second = spawn(config_file, "dispatcher")
     sweeper = spawn(config_file, "sweeper")
     try:
-        deadline = time.monotonic() + 120
-        while delivered(url) < JOBS and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await eventually(lambda: delivered(url) >= JOBS, 120, 0.1, what="every job delivered")
     finally:
         for proc in (second, sweeper):
             proc.send_signal(signal.SIGTERM)
@@ -146,12 +143,10 @@ async def test_sigterm_drains_and_a_second_signal_exits_at_once(
         )
     )
     dispatcher = spawn(config_file, "dispatcher")
-    deadline = time.monotonic() + 30
-    while not receiver.count("/hook") and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await eventually(lambda: receiver.count("/hook"), 30, what="the delivery in flight")
     assert receiver.count("/hook") == 1
     dispatcher.send_signal(signal.SIGTERM)
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # time passes on purpose: the drain must still be waiting after it
     assert dispatcher.poll() is None, "the first signal drains: the delivery is still in flight"
     started = time.monotonic()
     dispatcher.send_signal(signal.SIGTERM)

@@ -19,6 +19,7 @@ from app.config import load_config_text
 from app.store.migrate import sync_url
 from app.store.schema import consumer, job, message
 from tests.helpers.processes import BrokerProcess, Setup, channel_with_consumer
+from tests.helpers.waiting import eventually
 
 AUTH = {"X-Broker-Channel-Token": "orders-token", "X-Broker-Consumer-Token": "billing-token"}
 
@@ -142,7 +143,7 @@ async def test_ten_thousand_dead_jobs_at_a_thousand_a_second_cancelled_halfway(
         assert cancelled["Status"] == "CANCELLED" and cancelled["FinishedAt"] is not None
         # it moved about half, at about the rate: 5,000 in about five seconds
         assert 5000 <= cancelled["Moved"] < 10_000
-        await asyncio.sleep(0.5)  # a chunk in flight would show here
+        await asyncio.sleep(0.5)  # time passes on purpose: a chunk in flight would show here
         assert (await watch(made, location))["Moved"] == cancelled["Moved"]
         assert await counts(made) == {
             "QUEUED": cancelled["Moved"],
@@ -171,11 +172,13 @@ async def test_a_redrive_runs_to_completion_and_wakes_a_waiting_pull(
         jobs = await waiting
         assert jobs, "the waiting pull was not woken by the redrive"
         location = r.headers["Location"]
-        for _ in range(100):
+
+        async def finished() -> dict[str, Any]:
             seen = await watch(made, location)
-            if seen["Status"] != "RUNNING":
-                break
-            await asyncio.sleep(0.1)
+            assert seen["Status"] != "RUNNING", seen
+            return seen
+
+        seen = await eventually(finished, 20, 0.1, what="the redrive finished")
         assert (seen["Status"], seen["Moved"], seen["Total"]) == ("COMPLETED", 300, 300)
         assert seen["FinishedAt"] is not None
         assert "DEAD" not in await counts(made)
@@ -196,11 +199,13 @@ async def test_a_time_range_and_a_replay_of_delivered_jobs(
         assert r.status_code == 202, r.text
         assert r.json()["Total"] == 20
         location = r.headers["Location"]
-        for _ in range(100):
+
+        async def completed() -> dict[str, Any]:
             seen = await watch(made, location)
-            if seen["Status"] == "COMPLETED":
-                break
-            await asyncio.sleep(0.1)
+            assert seen["Status"] == "COMPLETED", seen
+            return seen
+
+        seen = await eventually(completed, 20, 0.1, what="the redrive completed")
         assert seen["Moved"] == 20
         assert await counts(made) == {"QUEUED": 20, "DELIVERED": 30, "DEAD": 10}
 

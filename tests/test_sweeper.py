@@ -29,6 +29,7 @@ from tests.helpers.pull import (
     status_counts,
     until_waiting,
 )
+from tests.helpers.waiting import eventually
 
 
 @pytest.fixture
@@ -197,10 +198,11 @@ async def test_sweeper_loop_requeues_and_dead_letters_on_its_own(
         assert back - started < 10
         assert first["ID"] == second["ID"]
         # Attempt 2 expires too, and with max-retry=1 the sweeper dead-letters it.
-        deadline = time.monotonic() + 15
-        while (await job_row(runtime, first["ID"])).status != "DEAD":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
+
+        async def dead() -> bool:
+            return bool((await job_row(runtime, first["ID"])).status == "DEAD")
+
+        await eventually(dead, 15, 0.2, what="attempt 2 dead-lettered")
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
@@ -262,10 +264,12 @@ async def test_vacuum_waits_for_enough_dead_jobs_then_runs(
         await publish(client, f"m{n}")
     await pull_jobs(client, k1, batch=20)  # each claim leaves a dead row version behind
     # Backends report their statistics within seconds, not at once.
-    deadline = time.monotonic() + 20
-    while not await runtime.sweeps.vacuum_if_needed(20):
-        assert time.monotonic() < deadline, "the dead jobs never showed in pg_stat_user_tables"
-        await asyncio.sleep(0.2)
+    await eventually(
+        lambda: runtime.sweeps.vacuum_if_needed(20),
+        20,
+        0.2,
+        what="the dead jobs showing in pg_stat_user_tables",
+    )
     rows = await runtime.db.run_alone(
         "SELECT vacuum_count, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'job'", {}
     )
@@ -305,10 +309,7 @@ async def test_the_sweeper_spaces_its_vacuums(
     )
     stop = asyncio.Event()
     task = asyncio.create_task(sweeper.run(stop))
-    deadline = time.monotonic() + 60
-    while len(runs) < 3:
-        assert time.monotonic() < deadline, runs
-        await asyncio.sleep(0.05)
+    await eventually(lambda: len(runs) >= 3, 60, what="three sweeper runs")
     stop.set()
     await task
     for (started, ended), (next_started, _) in itertools.pairwise(runs[:3]):

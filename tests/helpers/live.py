@@ -12,6 +12,7 @@ import uvicorn
 from app.api.app import create_app
 from app.config import Config
 from app.runtime import Runtime
+from tests.helpers.waiting import eventually
 
 
 @contextlib.asynccontextmanager
@@ -27,9 +28,12 @@ async def served(config: Config, runtime: Runtime) -> AsyncIterator[str]:
         )
     )
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "uvicorn did not start"
-        await asyncio.sleep(0.01)
+
+    def started() -> bool:
+        assert not task.done(), "uvicorn exited"
+        return bool(server.started)
+
+    await eventually(started, 30, 0.01, what="uvicorn started")
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"

@@ -14,6 +14,7 @@ from app.runtime import Runtime
 from app.services.publishing import Broadcast
 from app.store.db import now, plus_seconds
 from app.store.schema import consumer, job
+from tests.helpers.waiting import eventually
 
 CHANNEL = "c1"
 CHANNEL_TOKEN = "channel-token"
@@ -230,8 +231,6 @@ async def consumer_pk(rt: Runtime, consumer_id: str) -> int:
 
 async def until_waiting(rt: Runtime, pk: int, count: int = 1, within: float = 10.0) -> None:
     """Let the event loop run until `count` requests wait on the consumer's queue."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while rt.scheduler.waiting(pk) < count:
-        assert loop.time() < deadline, f"{rt.scheduler.waiting(pk)} waiting, expected {count}"
-        await asyncio.sleep(0.005)
+    await eventually(
+        lambda: rt.scheduler.waiting(pk) >= count, within, 0.005, what=f"{count} waiting pulls"
+    )

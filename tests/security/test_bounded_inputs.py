@@ -34,6 +34,7 @@ from tests.helpers.bounded import (
 )
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.processes import BrokerProcess
+from tests.helpers.waiting import eventually
 
 __all__ = ["hub", "make_bridge"]  # fixtures of the bridge suite, used here too
 
@@ -270,10 +271,7 @@ async def test_the_waiting_pulls_of_a_process_have_a_global_cap(
         )
 
     waiting = [asyncio.create_task(wait("first")), asyncio.create_task(wait("second"))]
-    deadline = time.monotonic() + 10
-    while runtime.scheduler.waiting_total() < 2:
-        assert time.monotonic() < deadline, "the pulls never waited"
-        await asyncio.sleep(0.02)
+    await eventually(lambda: runtime.scheduler.waiting_total() >= 2, 10, 0.02, what="two waiting")
     try:
         # Each consumer is far below its own max-waiting (5); the process is at its 2.
         r = await asyncio.wait_for(wait("first"), 3)
