@@ -13,6 +13,7 @@ import pytest
 from app.config import Config
 from app.runtime import Runtime
 from tests.helpers.pull import consumer_pk, job_rows, publish, setup_channel
+from tests.helpers.waiting import eventually
 
 
 @pytest.fixture
@@ -30,8 +31,17 @@ async def test_a_publish_racing_a_consumer_deletion_stores_the_rest(
         # The deletion holds the consumer's row: the publish's foreign key check waits for it.
         deleter.execute("DELETE FROM consumer WHERE pk = %s", (doomed,))
         published = asyncio.create_task(publish(client, "raced", message_id="m-race"))
-        await asyncio.sleep(0.5)
-        assert not published.done()  # waiting on the deleter's row lock
+
+        def blocked() -> bool:
+            with psycopg.connect(url) as watcher:
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                ).fetchone()
+            return row is not None and row[0] >= 1
+
+        # The publish's statement waits on the deleter's row lock, seen from the server.
+        await eventually(lambda: asyncio.to_thread(blocked), what="the publish waiting on a lock")
+        assert not published.done()
         deleter.commit()
         assert await asyncio.wait_for(published, 10) == "m-race"
     assert [row.consumer_id for row in await job_rows(runtime)] == ["k1"]

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.helpers.waiting import eventually_sync
 
 EXECUTABLE = Path(sys.executable).with_name("webhook-broker")
 START_TIMEOUT = 60.0
@@ -52,19 +53,18 @@ class Broker:
         return self.stderr_path.read_text()
 
     def wait_ready(self, base_url: str) -> httpx.Response:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
+        def ready() -> httpx.Response | None:
             if self.process.poll() is not None:
                 pytest.fail(f"broker exited with {self.process.returncode}:\n{self.stderr}")
             try:
                 response = httpx.get(f"{base_url}/_status", timeout=2)
             except httpx.TransportError:
-                time.sleep(0.1)
-                continue
-            if response.status_code == 200:
-                return response
-            time.sleep(0.1)
-        pytest.fail(f"broker not ready after {START_TIMEOUT}s:\n{self.stderr}")
+                return None
+            return response if response.status_code == 200 else None
+
+        response = eventually_sync(ready, START_TIMEOUT, 0.1, what=f"{base_url}/_status: 200")
+        assert response is not None  # eventually_sync returns only a truthy answer
+        return response
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import pytest
 from webhook_broker_client import Broker, PullConsumer
 
 from devtools.pg import free_port
+from tests.helpers.waiting import eventually_sync
 
 START_SECONDS = 60.0
 CONSUMER = "billing"
@@ -46,17 +46,20 @@ class BrokerProcess:
             cwd=self.config.parent,
             env={**os.environ, "HOME": str(self.config.parent)},
         )
-        deadline = time.monotonic() + START_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
                 pytest.fail(f"the broker exited: {self.log()}")
             try:
-                if httpx.get(f"{self.url}/_status", timeout=1).status_code == 200:
-                    return
+                return httpx.get(f"{self.url}/_status", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"the broker did not start: {self.log()}")
+                return False
+
+        try:
+            eventually_sync(ready, START_SECONDS, what="the broker's /_status answers 200")
+        except AssertionError:
+            pytest.fail(f"the broker did not start: {self.log()}")
 
     def log(self) -> str:
         return (self.config.parent / f"serve-{self.starts}.log").read_text()[-3000:]
