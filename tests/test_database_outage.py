@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from app import runtime as runtime_module
 from app.api.app import create_app
 from app.config import load_config_text
 from app.domain.errors import Unavailable
+from app.roots import process as process_module
 from app.runtime import Runtime
 from devtools.pg import free_port
 
@@ -62,7 +62,7 @@ async def test_a_process_starting_without_its_database_waits_for_it(
 ) -> None:
     """Started while the database restarts, a process waits (START_WAIT_SECONDS) before it
     gives up, rather than exiting at once (the chaos suite started an API in an outage)."""
-    monkeypatch.setattr(runtime_module, "START_WAIT_SECONDS", 1.5)
+    monkeypatch.setattr(process_module, "START_WAIT_SECONDS", 1.5)
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/broker"
     runtime = Runtime(load_config_text(f"[rdbms]\ndialect=postgresql\nconnection-url={url}\n"))
     started = time.monotonic()

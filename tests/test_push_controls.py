@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -228,37 +229,47 @@ async def test_a_hanging_endpoint_holds_only_its_own_window(
     http: httpx.AsyncClient, receiver: Receiver
 ) -> None:
     """max-in-flight=4 of max-workers=8: the hanging consumer never holds more than its four,
-    so the healthy one delivers at the same pace beside it as alone."""
-
-    async def pace(message_prefix: str, count: int) -> float:
-        started = time.monotonic()
-        for n in range(count):
-            await publish(http, b"x", f"{message_prefix}{n}")
-        await until(lambda: receiver.count("/ok") >= count_before + count, within=60)
-        return time.monotonic() - started
-
-    await setup_push(http, receiver.url + "/ok")
-    receiver.respond = lambda path, _n: (200, 0.1)  # 100 ms a delivery: paced by the window
-    count_before = 0
-    alone = await pace("alone", 60)
-
-    hanging: list[float] = []
+    so the healthy one gets the other four at once beside it. The healthy receiver holds each
+    delivery until four are open together: were the hanging consumer holding more slots, the
+    fourth would never come."""
+    release = threading.Event()
+    lock = threading.Lock()
+    open_now = {"/ok": 0, "/hang": 0}
+    most = {"/ok": 0, "/hang": 0}
 
     def respond(path: str, _n: int) -> tuple[int, float]:
+        with lock:
+            open_now[path] += 1
+            most[path] = max(most[path], open_now[path])
         if path == "/hang":
-            hanging.append(time.monotonic())
-            return (200, 30.0)  # far past the 2 s timeout
-        return (200, 0.1)
+            return (200, 30.0)  # far past the 2 s timeout: the slot is held until then
+        release.wait(30)  # held until the test has seen four open at once
+        with lock:
+            open_now[path] -= 1
+        return (200, 0.0)
 
     receiver.respond = respond
+    # The hanging consumer first, with jobs enough to fill every slot it could take.
+    await setup_push(http, receiver.url + "/hang")
+    for n in range(8):
+        await publish(http, b"x", f"h{n}")
+    await eventually(lambda: most["/hang"] >= 4, timeout=20, what="four hanging pushes open")
     r = await http.put(
-        "/channel/c1/consumer/hang", data={"token": "ht", "callbackUrl": receiver.url + "/hang"}
+        "/channel/c1/consumer/ok", data={"token": "ot", "callbackUrl": receiver.url + "/ok"}
     )
     assert r.status_code == 200, r.text
-    count_before = receiver.count("/ok")
-    beside = await pace("beside", 60)
-    assert hanging, "the hanging endpoint was called"
-    assert beside <= alone * 1.25, (alone, beside)  # within 20% of the rate alone
+    for n in range(8):  # eight jobs for each consumer
+        await publish(http, b"x", f"m{n}")
+    try:
+        await eventually(
+            lambda: most["/ok"] >= 4, timeout=20, what="four healthy pushes open at once"
+        )
+        # Neither went past its four: the hanging one held no slot beyond its window.
+        assert most == {"/ok": 4, "/hang": 4}, most
+    finally:
+        release.set()
+    # Released, the healthy consumer's window moves on to its other four jobs.
+    await eventually(lambda: receiver.count("/ok") >= 8, timeout=20, what="eight healthy pushes")
 
 
 async def test_endpoints_that_hang_in_most_slots_leave_the_rest_to_the_others(
