@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
+from nats.js.errors import ServiceUnavailableError as ServiceUnavailable
 
 from app.config import Config
 from app.domain.jobs import JobStatus
@@ -276,6 +277,17 @@ async def test_nats_server_restart_loses_and_duplicates_nothing(
 
         await eventually(reconnected, timeout=15)
         assert bridge.leaf.connects == 2
+
+        async def answering() -> bool:
+            # Connected is not yet subscribed: the bridge's queue subscription reaches the
+            # restarted server a moment later, and until then a request has no responders.
+            try:
+                await worker.jetstream().consumer_info("orders", "workers", timeout=1)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError, ServiceUnavailable):
+                return False
+            return True
+
+        await eventually(answering, timeout=15)
         [msg] = await psub.fetch(1, timeout=3)
         assert msg.data == b"during" and msg.metadata.num_delivered == 1
         await msg.ack_sync()
