@@ -77,13 +77,21 @@ def running_receiver() -> Iterator[Receiver]:
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with serving(Handler, "receiver") as base_url:
+        receiver.url = base_url
+        yield receiver
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], name: str) -> Iterator[str]:
+    """A threaded HTTP server for `handler` on a free loopback port, for as long as the block
+    runs; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, name="receiver", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
     try:
-        yield receiver
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

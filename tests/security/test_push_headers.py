@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -22,6 +22,7 @@ from app.runtime import Runtime
 from app.services.publishing import metadata_headers
 from app.store.schema import message
 from tests.helpers.push import setup_push, wait_for_status
+from tests.helpers.receiver import serving
 
 TOKEN_HEADER = "X-Hook-Token"
 
@@ -167,16 +168,9 @@ def raw_receiver() -> Iterator[RawReceiver]:
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, name="raw-receiver", daemon=True)
-    thread.start()
-    try:
+    with serving(Handler, "raw-receiver") as base_url:
+        receiver.url = base_url + "/hook"
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
