@@ -15,6 +15,7 @@ from app.domain.pulls import Delivery, PullEnd
 from app.runtime import Runtime
 from app.services.scheduler import PullScheduler, Waiter, WaitPolicy
 from tests.helpers.pull import CHANNEL, PullConsumer, publish, setup_channel, until_waiting
+from tests.helpers.waiting import eventually
 
 
 class Recorder:
@@ -128,8 +129,8 @@ async def test_idle_requests_get_heartbeats_and_numbered_sinks_get_sequences(
     who = await consumer(runtime)
     sink = Recorder(numbered=True)
     runtime.scheduler.submit(who, waiter(sink, 2, heartbeat=0.1))
-    await asyncio.sleep(0.35)
-    assert len(sink.heartbeats) >= 2 and sink.heartbeats[0] == (0, 0)
+    await eventually(lambda: len(sink.heartbeats) >= 2, what="two heartbeats to an idle request")
+    assert sink.heartbeats[0] == (0, 0)
     await publish(client, "a")
     await publish(client, "b")
     assert await ended(sink) == PullEnd.FILLED
