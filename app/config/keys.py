@@ -816,6 +816,20 @@ SECTIONS: tuple[Section, ...] = (
         ),
         help="The Spark archive and report jobs (webhook-broker pipeline); see docs/pipeline.md.",
     ),
+    Section(
+        "ui",
+        (
+            Key(
+                "enabled",
+                "true",
+                _boolean,
+                "Serve the operator console at /ui on the API's listener. It starts only on a "
+                "loopback listener or with an admin-token or reader-token set (sign-in takes "
+                "one of them); false turns it off.",
+            ),
+        ),
+        help="The operator console (docs/console.md).",
+    ),
 )
 
 SECTION_KEYS: dict[str, dict[str, Key]] = {

@@ -41,6 +41,7 @@ from app.config.model import (
     PipelineConfig,
     PullConfig,
     PushConfig,
+    UiConfig,
     pool_sizes,
 )
 from app.config.seed import SEED_SECTIONS, build_seed
@@ -233,6 +234,7 @@ def _build(parser: configparser.ConfigParser) -> Config:
         pipeline=_fill(PipelineConfig, values["pipeline"]),
         nats=dataclasses.replace(_nats(values["nats"]), configured=parser.has_section("nats")),
         gateway_auth=_gateway_auth(values["gateway-auth"]),
+        ui=_fill(UiConfig, values["ui"]),
         min_schedule_delay_minutes=values["scheduler"]["min_schedule_delay_minutes"],
         seed=build_seed(parser),
         ignored_keys=_ignored_keys(parser),

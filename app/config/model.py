@@ -164,6 +164,11 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class UiConfig:
+    enabled: bool = default("ui", "enabled")
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayAuthConfig:
     mode: str = default("gateway-auth", "mode")
     hmac_shared_secret: bytes = default("gateway-auth", "hmac-shared-secret")
@@ -253,6 +258,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     nats: NatsConfig = field(default_factory=lambda: NatsConfig())
     gateway_auth: GatewayAuthConfig = field(default_factory=GatewayAuthConfig)
+    ui: UiConfig = field(default_factory=UiConfig)
     min_schedule_delay_minutes: int = default("scheduler", "min-schedule-delay-minutes")
     seed: SeedData = field(default_factory=SeedData)
     sources: tuple[str, ...] = ()

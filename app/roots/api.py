@@ -6,6 +6,7 @@ from app.config import Config
 from app.domain.callbacks import CallbackPolicy
 from app.domain.pulls import PullLimits
 from app.services.admin import AdminService
+from app.services.console import ConsoleService
 from app.services.health import HealthService
 from app.services.messages import MessageQueries
 from app.services.publishing import PublishingService
@@ -28,6 +29,7 @@ class ApiRoot(PullingProcess):
     redrives: RedriveService
     pulls: PullService
     seed_jobs: SeedJobService
+    console: ConsoleService
 
     def __init__(
         self, config: Config, *, listen: bool = True, nats_advisories: bool = False
@@ -68,6 +70,7 @@ class ApiRoot(PullingProcess):
             ),
         )
         self.seed_jobs = SeedJobService(self.db, self.queue, ack_wait)
+        self.console = ConsoleService(self.db)
         self._draining = False
 
     @property

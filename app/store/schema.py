@@ -268,6 +268,21 @@ redrive = Table(
     ),
 )
 
+# The operator console's audit log (migration 0012_console_audit; app/ui): every action taken
+# there, by which role and session, on what, and how many jobs it touched.
+console_audit = Table(
+    "console_audit",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at", Timestamp(), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("session", String(32), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("target", Text(), nullable=False),
+    Column("jobs", BigInteger(), nullable=True),
+    Column("detail", Text(), nullable=False, server_default=""),
+)
+
 # Claim path: one range scan over a consumer's queued jobs in delivery order (priority
 # descending, then oldest first), so the claim never sorts.
 Index(
