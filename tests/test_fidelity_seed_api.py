@@ -4,7 +4,6 @@ kept with the job, a lost race a 400, and a consumer's limits held on NextState 
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +22,7 @@ from tests.helpers.pull import (
     set_state,
     setup_channel,
 )
+from tests.helpers.waiting import eventually
 
 Q, IN, DL, DD = "QUEUED", "INFLIGHT", "DELIVERED", "DEAD"
 DEFAULT_LEASE = 32  # connection-timeout-in-seconds (30) + rational-delay-in-seconds (2)
@@ -83,18 +83,17 @@ async def test_a_lost_race_is_a_400_saying_another_worker_moved_the_job(
             text("SELECT id FROM job WHERE id = :id FOR UPDATE"), {"id": int(job_id)}
         )
         moving = asyncio.create_task(set_state(client, k1, job_id, {"NextState": DL}))
-        deadline = time.monotonic() + 10
-        while True:
+
+        async def waits_on_the_lock() -> bool:
             async with runtime.db.transaction() as probe:
                 waiting = (
                     await probe.conn.execute(
                         text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
                     )
                 ).scalar_one()
-            if waiting or moving.done():
-                break
-            assert time.monotonic() < deadline, "the DELIVERED never waited on the lock"
-            await asyncio.sleep(0.02)
+            return bool(waiting) or moving.done()
+
+        await eventually(waits_on_the_lock, interval=0.02, what="the DELIVERED waiting on the lock")
         await JobStore(tx).complete(pk, [(int(job_id), None)], JobStatus.DEAD, "other worker")
     r = await moving
     assert r.status_code == 400, r.text

@@ -25,6 +25,7 @@ from tests.helpers.pull import (
     put_consumer,
     setup_channel,
 )
+from tests.helpers.waiting import eventually
 
 Ledger = dict[str, tuple[float, float, float]]
 
@@ -142,7 +143,9 @@ async def test_consumers_made_while_publishing_are_owed_exactly_their_jobs(
     try:
         for n in range(1, 16):
             await put_consumer(client, f"k{n}")
-            await asyncio.sleep(0.01)
+            # Publishes land between consumer creations, so every creation races some.
+            before = published
+            await eventually(lambda: published > before, what="a publish after the creation")  # noqa: B023
     finally:
         stop.set()
         await asyncio.gather(*publishers)

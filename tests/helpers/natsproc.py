@@ -11,10 +11,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 from pathlib import Path
 
 from devtools.pg import free_port
+from tests.helpers.waiting import eventually_sync
 
 
 def nats_server_binary() -> str:
@@ -37,21 +37,20 @@ def _wait_for_port(
     """Until the port answers, and with `name`, answers as this server: under pytest-xdist a port
     free_port() gave out can be another worker's server by the time this one binds it, and
     this one then exits while that one answers."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"nats-server exited ({process.returncode}); port {port} taken?")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
                 if name is None:
-                    return
+                    return True
                 with sock.makefile("rb") as greeting:
-                    if _server_name(greeting.readline()) == name:
-                        return
+                    return _server_name(greeting.readline()) == name
         except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"nats-server did not listen on {port}")
+            return False
+
+    eventually_sync(answers, timeout, what=f"nats-server {name or ''} listening on {port}")
 
 
 def _server_name(info: bytes) -> str | None:

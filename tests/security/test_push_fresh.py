@@ -6,7 +6,6 @@ another process would); on SQLite, in the API's process."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 
@@ -20,6 +19,7 @@ from app.runtime import Runtime
 from app.services.push import PushJob, PushService
 from tests.helpers.push import publish, setup_push
 from tests.helpers.receiver import Receiver, running_receiver
+from tests.helpers.waiting import eventually
 
 
 @pytest.fixture
@@ -61,15 +61,15 @@ async def deployment(config: Config) -> AsyncIterator[httpx.AsyncClient]:
 async def delivered(http: httpx.AsyncClient, message_id: str) -> None:
     """Wait for the message's one job to be DELIVERED (read by the message: the consumer's
     token, which the job's own route asks for, changes in these tests)."""
-    deadline = time.monotonic() + 15
-    while True:
+
+    async def is_delivered() -> bool:
         r = await http.get(f"/channel/c1/message/{message_id}")
         assert r.status_code == 200, r.text
         [job] = r.json()["Jobs"]
-        if job["Status"] == "DELIVERED":
-            return
-        assert time.monotonic() < deadline, job
-        await asyncio.sleep(0.02)
+        assert job["Status"] == "DELIVERED", job
+        return True
+
+    await eventually(is_delivered, 15, 0.02, what=f"{message_id} DELIVERED")
 
 
 async def move(http: httpx.AsyncClient, url: str, token: str) -> None:

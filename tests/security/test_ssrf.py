@@ -5,10 +5,8 @@ every trick, checked against real listeners on loopback."""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from app.domain.callbacks import CallbackPolicy, parse_callback_url
 from app.domain.errors import InvalidInput
 from app.runtime import Runtime
 from tests.helpers.push import publish
+from tests.helpers.waiting import eventually
 
 # -- One reading of a URL ---------------------------------------------------------------------
 
@@ -312,15 +311,15 @@ async def test_with_an_allow_list_no_trick_reaches_another_loopback_address(
         assert r.status_code == 200, r.text
         await publish(http, b"x", "m-1")
         # Every consumer's job of the message settled: each delivery was tried or refused.
-        deadline = time.monotonic() + 20
-        while True:
+
+        async def settled() -> bool:
             r = await http.get("/channel/c1/message/m-1")
             assert r.status_code == 200, r.text
             jobs = r.json()["Jobs"]
-            if all(job["Status"] in ("DELIVERED", "DEAD") for job in jobs):
-                break
-            assert time.monotonic() < deadline, jobs
-            await asyncio.sleep(0.05)
+            assert all(job["Status"] in ("DELIVERED", "DEAD") for job in jobs), jobs
+            return True
+
+        await eventually(settled, 20, what="every job of m-1 DELIVERED or DEAD")
     assert forbidden.connections == 0, accepted
     assert allowed.hosts == [f"127.0.0.1:{port_of(allowed)}"]
     assert accepted == [], "accepted at PUT"
