@@ -295,11 +295,10 @@ async def test_limits_come_from_the_pull_section(
 
 
 async def test_no_wait_returns_at_once(client: httpx.AsyncClient, k1: PullConsumer) -> None:
-    started = time.monotonic()
-    r = await pull(client, k1, batch=5, no_wait=True, expires=30)
+    # Well before the 30 s it could wait: no_wait answered at once.
+    r = await asyncio.wait_for(pull(client, k1, batch=5, no_wait=True, expires=30), timeout=15)
     assert r.status_code == 200
     assert r.json() == {"Jobs": [], "Pending": 0}
-    assert time.monotonic() - started < 2
 
 
 async def test_expired_wait_returns_empty_after_expires(
@@ -322,8 +321,9 @@ async def test_waiting_pull_holds_no_connection(
     pk = await consumer_pk(runtime, "k1")
     waiting = asyncio.create_task(pull(client, k1, expires=10))
     await until_waiting(runtime, pk)
-    await asyncio.sleep(0.2)
-    assert runtime.db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    pool = runtime.db.engine.pool
+    await eventually(lambda: pool.checkedout() == 0, what="no connection checked out")  # type: ignore[attr-defined]
+    assert not waiting.done()
     await publish(client, "x")
     assert len((await waiting).json()["Jobs"]) == 1
 
@@ -332,23 +332,26 @@ async def test_long_poll_wakes_when_a_job_is_published(
     client: httpx.AsyncClient, k1: PullConsumer, runtime: Runtime, backend: str
 ) -> None:
     pk = await consumer_pk(runtime, "k1")
-    started = time.monotonic()
     waiting = asyncio.create_task(pull(client, k1, batch=10, expires=30))
     await until_waiting(runtime, pk)
-    await asyncio.sleep(0.3)  # it really is waiting, not returning
-    assert not waiting.done()
+    # The queue's first round (a claim that finds nothing) runs just after the request is
+    # queued, and nothing outside the scheduler tells when it ended: the quiet window starts
+    # after a moment, and is long enough that a poller would query in it.
+    await asyncio.sleep(0.3)
     with StatementCounter(runtime) as statements:
         await asyncio.sleep(0.5)
     assert statements.count == 0  # nothing polls the table while nothing happens
-    await publish(client, "wake up", message_id="w")
-    published = time.monotonic()
-    r = await waiting
+    assert not waiting.done()  # it really is waiting, not returning
+    with runtime.signals.subscribe(pk) as woken:
+        await publish(client, "wake up", message_id="w")
+        published = time.monotonic()
+        await asyncio.wait_for(woken.wait(), timeout=10)  # the publish announced the job
+    # Well before the 30 s expiry: the wake-up ended the wait, not the clock.
+    r = await asyncio.wait_for(waiting, timeout=15)
     latency = time.monotonic() - published
     print(f"\n{backend}: long-poll wake-up latency {latency * 1000:.1f} ms")
     assert r.status_code == 200
     assert [j["Message"]["MessageID"] for j in r.json()["Jobs"]] == ["w"]
-    assert latency < 2.0
-    assert time.monotonic() - started < 15  # far from the 30 s expiry
 
 
 async def test_long_poll_returns_after_the_first_job_without_filling_the_batch(
@@ -422,15 +425,16 @@ async def test_notify_from_another_runtime_wakes_a_waiting_pull(
     pk = await consumer_pk(other, "k1")
     waiting = asyncio.create_task(pull(other_client, k1, batch=5, expires=30))
     await until_waiting(other, pk)
-    await asyncio.sleep(0.3)
     assert not waiting.done()
-    await publish(client, "from the first process", message_id="cross")
-    published = time.monotonic()
-    r = await asyncio.wait_for(waiting, timeout=20)
+    with other.signals.subscribe(pk) as woken:
+        await publish(client, "from the first process", message_id="cross")
+        published = time.monotonic()
+        await asyncio.wait_for(woken.wait(), timeout=10)  # the NOTIFY reached the other process
+    # Well before the 30 s expiry: the NOTIFY ended the wait, not the clock.
+    r = await asyncio.wait_for(waiting, timeout=15)
     latency = time.monotonic() - published
     print(f"\ncross-runtime NOTIFY wake-up latency {latency * 1000:.1f} ms")
     assert [j["Message"]["MessageID"] for j in r.json()["Jobs"]] == ["cross"]
-    assert latency < 3.0
 
 
 # -- max-waiting ---------------------------------------------------------------------------------
@@ -535,13 +539,11 @@ async def test_max_ack_pending_caps_jobs_in_flight(
     # A waiting pull gets a job as soon as an ack frees a slot, and only one.
     waiting = asyncio.create_task(pull(client, k1, batch=5, expires=30))
     await until_waiting(runtime, pk)
-    await asyncio.sleep(0.3)
     assert not waiting.done()
     r = await client.post(f"{k1.job(first[0]['ID'])}/ack", json={"type": "ack"}, headers=k1.auth)
     assert r.status_code == 202
-    acked = time.monotonic()
+    # Well before the 30 s expiry: the ack ended the wait, not the clock.
     r = await asyncio.wait_for(waiting, timeout=10)
-    assert time.monotonic() - acked < 3
     assert [j["Message"]["MessageID"] for j in r.json()["Jobs"]] == ["m2"]
     # term and nak free slots too.
     r = await client.post(f"{k1.job(first[1]['ID'])}/ack", json={"type": "term"}, headers=k1.auth)
@@ -587,10 +589,11 @@ async def test_listener_reconnects_and_wakes_waiters_after_losing_its_connection
     await asyncio.wait_for(other.listener.ready.wait(), timeout=10)  # ... and comes back
     await until_waiting(other, pk)
     assert not waiting.done()  # woken by the reconnect, found nothing, waits again
-    await publish(client, "after the reconnect", message_id="again")
-    published = time.monotonic()
-    r = await asyncio.wait_for(waiting, timeout=20)
-    assert time.monotonic() - published < 3
+    with other.signals.subscribe(pk) as woken:
+        await publish(client, "after the reconnect", message_id="again")
+        await asyncio.wait_for(woken.wait(), timeout=10)  # the new LISTEN hears the NOTIFY
+    # Well before the 30 s expiry: the NOTIFY ended the wait, not the clock.
+    r = await asyncio.wait_for(waiting, timeout=15)
     assert [j["Message"]["MessageID"] for j in r.json()["Jobs"]] == ["again"]
 
 
@@ -646,7 +649,6 @@ async def test_raising_max_ack_pending_frees_a_waiting_pull(
     assert len(await pull_jobs(client, k1, batch=5)) == 1
     waiting = asyncio.create_task(pull(client, k1, batch=5, expires=30))
     await until_waiting(runtime, await consumer_pk(runtime, "k1"))
-    await asyncio.sleep(0.2)
     assert not waiting.done()
     r = await update_consumer(client, k1, maxAckPending="2", ackWait="9")
     assert r.status_code == 200, r.text
@@ -671,8 +673,8 @@ async def test_listener_survives_foreign_notifies_and_hears_wake_all(
             await tx.conn.execute(
                 text("SELECT pg_notify('webhook_broker_jobs', :p)"), {"p": payload}
             )
-    await asyncio.sleep(0.5)
-    assert other.listener is not None and other.listener.ready.is_set()
+    listener = other.listener
+    assert listener is not None
     # "*" wakes every waiter: a waiter with nothing to claim looks again and waits on.
     waiting = asyncio.create_task(pull(other_client, k1, batch=5, expires=30))
     await until_waiting(other, pk)
@@ -680,6 +682,9 @@ async def test_listener_survives_foreign_notifies_and_hears_wake_all(
         async with runtime.db.transaction() as tx:
             await tx.conn.execute(text("SELECT pg_notify('webhook_broker_jobs', '*')"))
         await asyncio.wait_for(woken.wait(), timeout=5)
+    # One connection delivers notifications in order: the garbage before the "*" was read,
+    # and the listener that read it is still up.
+    assert listener.ready.is_set()
     assert not waiting.done()
     await publish(client, "still listening", message_id="ok")
     r = await asyncio.wait_for(waiting, timeout=10)
