@@ -1,6 +1,6 @@
-"""The JSON side of the JetStream API the bridge answers: STREAM.NAMES, CONSUMER.INFO,
-CONSUMER.UNPIN and CONSUMER.CREATE / DURABLE.CREATE (which never create: they report an
-existing pull consumer).
+"""The JSON side of the JetStream API the bridge answers: INFO, STREAM.NAMES / LIST / INFO,
+CONSUMER.INFO / UNPIN, and consumer management: CONSUMER.CREATE / DURABLE.CREATE (create or
+update a pull consumer), DELETE, NAMES and LIST (app/services/consumer_management.py).
 
 Stream name = channel id, consumer name = pull consumer id, the stream's subject = channel id.
 """
@@ -14,18 +14,19 @@ from datetime import UTC, datetime
 
 from app.bridge import protocol as p
 from app.bridge.engine import PullEngine
-from app.domain.errors import InvalidInput
 from app.domain.models import Consumer, ConsumerType
-from app.domain.priority import (
-    GROUP_NAME,
-    GROUP_NAME_RULE,
-    PriorityConfigError,
-    PriorityPolicy,
-    PrioritySettings,
-    parse_policy,
-    priority_settings,
+from app.domain.nats_consumers import (
+    ConsumerApiError,
+    CreateRequest,
+    check_config,
+    jetstream_error,
+    parse_create_request,
+    required_level,
+    resolve_name,
 )
+from app.domain.priority import GROUP_NAME, GROUP_NAME_RULE, PriorityConfigError
 from app.services.bridge import BridgeService, Lookup
+from app.services.consumer_management import ConsumerManagement
 
 NAMES_PAGE = 1024
 
@@ -39,6 +40,10 @@ class ConsumerCache:
         self._ttl = ttl
         self._entries: dict[tuple[str, str], tuple[float, Lookup]] = {}
         self._flights: dict[tuple[str, str], asyncio.Future[Lookup]] = {}
+
+    def forget(self, channel_id: str, consumer_id: str) -> None:
+        """A consumer changed or went away through this process: look it up again."""
+        self._entries.pop((channel_id, consumer_id), None)
 
     def fresh(self, channel_id: str, consumer_id: str) -> Lookup | None:
         entry = self._entries.get((channel_id, consumer_id))
@@ -79,12 +84,18 @@ class ApiHandler:
         engine: PullEngine,
         prefix: str,
         limits: InfoLimits,
+        management: ConsumerManagement,
+        *,
+        manage: bool = True,
     ) -> None:
         self._service = service
         self._cache = cache
         self._engine = engine
         self._prefix = prefix
         self._limits = limits
+        self._management = management
+        # [nats] allow-consumer-management: CREATE / DELETE may make, change and remove.
+        self._manage = manage
         self._answered = 0
         self._errors = 0
 
@@ -115,9 +126,17 @@ class ApiHandler:
                 return p.api_error(p.INFO_TYPE, 400, 10038, "expected an empty request payload")
             return await self._info(tokens[2], tokens[3], p.INFO_TYPE)
         if len(tokens) >= 3 and tokens[:2] == ["CONSUMER", "CREATE"]:
-            return await self._create(tokens[2], tokens[3] if len(tokens) > 3 else None, body)
+            return await self._create(tokens, body)
         if len(tokens) == 5 and tokens[:3] == ["CONSUMER", "DURABLE", "CREATE"]:
-            return await self._create(tokens[3], tokens[4], body)
+            return await self._create(tokens, body)
+        if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "DELETE"]:
+            return await self._delete(tokens[2], tokens[3], body)
+        if len(tokens) == 3 and tokens[:2] == ["CONSUMER", "NAMES"]:
+            return await self._consumer_page(tokens[2], body, infos=False)
+        if len(tokens) == 3 and tokens[:2] == ["CONSUMER", "LIST"]:
+            return await self._consumer_page(tokens[2], body, infos=True)
+        if tokens == ["STREAM", "LIST"]:
+            return await self._stream_list(body)
         if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "UNPIN"]:
             return await self._unpin(tokens[2], tokens[3], body)
         return None
@@ -178,6 +197,9 @@ class ApiHandler:
         return await self.info_document(consumer, kind)
 
     async def info_document(self, consumer: Consumer, kind: str = p.INFO_TYPE) -> bytes:
+        return p.consumer_info(await self._view(consumer), datetime.now(UTC), kind)
+
+    async def _view(self, consumer: Consumer) -> p.ConsumerView:
         snapshot = await self._service.snapshot(consumer)
         state, stats = snapshot.state, snapshot.stats
         delivered = p.SequenceInfo(
@@ -192,14 +214,15 @@ class ApiHandler:
                 max(state.first_outstanding_id - 1, 0),
             )
         limits = self._limits
-        view = p.ConsumerView(
+        spec = self._management.spec(consumer)
+        return p.ConsumerView(
             stream=consumer.channel_id,
             name=consumer.id,
             created=consumer.created_at,
-            ack_wait=self._service.ack_wait(consumer) * p.NANOS,
-            max_deliver=self._service.policy.max_retry + 1,
-            max_waiting=limits.max_waiting,
-            max_ack_pending=consumer.max_ack_pending or -1,
+            ack_wait=spec.ack_wait,
+            max_deliver=spec.max_deliver,
+            max_waiting=spec.max_waiting,
+            max_ack_pending=spec.max_ack_pending,
             max_batch=limits.max_batch,
             max_expires=limits.max_expires,
             delivered=delivered,
@@ -208,85 +231,163 @@ class ApiHandler:
             num_redelivered=state.redelivered,
             num_waiting=self._engine.num_waiting(consumer.pk),
             num_pending=stats.due,
+            backoff=spec.backoff,
             priority=consumer.priority,
             pinned_id=snapshot.pin.pinned_id if snapshot.pin else None,
             pinned_at=snapshot.pin.pinned_at if snapshot.pin else None,
+            description=spec.description,
+            deliver_policy=spec.deliver_policy,
+            metadata=spec.metadata_dict(),
+            required_level=required_level(spec),
         )
-        return p.consumer_info(view, datetime.now(UTC), kind)
 
-    async def _create(self, stream: str, name: str | None, body: bytes) -> bytes:
+    async def _create(self, tokens: list[str], body: bytes) -> bytes:
+        """CONSUMER.CREATE.<stream>[.<consumer>[.<filter>]] and
+        CONSUMER.DURABLE.CREATE.<stream>.<consumer>, checked in jsConsumerCreateRequest's order."""
         kind = p.CREATE_TYPE
-        config: object = None
         try:
-            request = json.loads(body) if body.strip() else {}
-            config = request.get("config") if isinstance(request, dict) else None
-        except ValueError:
-            if name is None:
-                return p.api_error(kind, 400, 10025, "invalid JSON")
-        if name is None and isinstance(config, dict):
-            candidate = config.get("name") or config.get("durable_name")
-            name = candidate if isinstance(candidate, str) and candidate else None
-        if name is None:
-            return p.api_error(
-                kind,
-                400,
-                None,
-                "webhook-broker does not create consumers over NATS: create a pull consumer "
-                f"on channel {stream!r} over HTTP and bind to it by name",
-            )
-        found = await self._service.lookup(stream, name)
-        if not found.channel_found:
-            return p.stream_not_found(kind)
-        wanted = None
-        if isinstance(config, dict):
+            request = parse_create_request(body)
+            stream, name = _create_target(tokens, request)
+            if not self._manage:
+                await self._refuse_management(stream, request)
+            created = await self._management.create(stream, request)
+        except ConsumerApiError as exc:
+            return p.api_error(kind, exc.code, exc.err_code, exc.description)
+        if created.changed:
+            self._cache.forget(created.consumer.channel_id, created.consumer.id)
+        return await self.info_document(created.consumer, kind)
+
+    async def _refuse_management(self, stream: str, request: CreateRequest) -> None:
+        """With management off, CREATE only binds to a consumer that exists with this config."""
+        found = await self._service.lookup(stream, resolve_name(request.config))
+        if found.consumer is not None and found.consumer.type is ConsumerType.PULL:
             try:
-                wanted = _priority_of(config)
-            except PriorityConfigError as exc:
-                return p.api_error(kind, 400, exc.err_code, exc.description)
-            except InvalidInput as exc:
-                return p.api_error(kind, 400, None, exc.detail)
-        consumer = found.consumer
-        if consumer is None:
+                wanted = check_config(request.config)
+            except ConsumerApiError:
+                wanted = None
+            if wanted == self._management.spec(found.consumer):
+                return
+        raise ConsumerApiError(
+            400,
+            None,
+            "consumer management over NATS is turned off on this bridge "
+            "([nats] allow-consumer-management=false): create or change consumers over HTTP",
+        )
+
+    async def _delete(self, stream: str, name: str, body: bytes) -> bytes:
+        kind = p.DELETE_TYPE
+        if not _empty_request(body):
+            return p.api_error(kind, 400, 10038, "expected an empty request payload")
+        if not self._manage:
             return p.api_error(
                 kind,
                 400,
                 None,
-                f"webhook-broker does not create consumers over NATS: consumer {name!r} does "
-                f"not exist on channel {stream!r}; create it over HTTP "
-                f"(PUT /channel/{stream}/consumer/{name} with type=pull)",
+                "consumer management over NATS is turned off on this bridge "
+                "([nats] allow-consumer-management=false): delete consumers over HTTP",
             )
-        if consumer.type is not ConsumerType.PULL:
-            return _push_error(kind, consumer)
-        if wanted is not None and not _same_priority(wanted, consumer.priority):
-            return p.api_error(
-                kind,
-                400,
-                None,
-                "webhook-broker does not change consumers over NATS: the priority settings "
-                f"of {name!r} differ from the request's; change them over HTTP",
+        try:
+            await self._management.delete(stream, name)
+        except ConsumerApiError as exc:
+            return p.api_error(kind, exc.code, exc.err_code, exc.description)
+        self._cache.forget(stream, name)
+        return p.consumer_deleted()
+
+    async def _consumer_page(self, stream: str, body: bytes, *, infos: bool) -> bytes:
+        kind = p.CONSUMER_LIST_TYPE if infos else p.CONSUMER_NAMES_TYPE
+        try:
+            offset = p.parse_page_request(body)
+        except p.BadRequest as exc:
+            return p.api_error(kind, 400, 10025, f"invalid JSON: {exc}")
+        limit = p.CONSUMER_LIST_LIMIT if infos else p.CONSUMER_NAMES_LIMIT
+        try:
+            total, consumers = await self._management.page(stream, offset, limit)
+        except ConsumerApiError as exc:
+            return p.api_error(kind, exc.code, exc.err_code, exc.description)
+        offset = min(offset, total)
+        if not infos:
+            return p.consumer_names([c.id for c in consumers], total, offset)
+        now = datetime.now(UTC)
+        documents = [p.consumer_info_document(await self._view(c), now, None) for c in consumers]
+        return p.consumer_list(documents, total, offset)
+
+    async def _stream_list(self, body: bytes) -> bytes:
+        kind = p.STREAM_LIST_TYPE
+        wanted: str | None = None
+        offset = 0
+        if body.strip()[:1] in (b"{", b"["):
+            try:
+                wanted, offset = p.parse_stream_names_request(body, "JSApiStreamListRequest")
+            except p.BadRequest as exc:
+                return p.api_error(kind, 400, 10025, f"invalid JSON: {exc.description}")
+        names = await self._service.channel_ids()
+        if wanted is not None:
+            names = [n for n in names if p.subjects_overlap(wanted, n)]
+        offset = min(offset, len(names))
+        now = datetime.now(UTC)
+        documents = []
+        for name in names[offset : offset + p.CONSUMER_LIST_LIMIT]:
+            state = await self._service.stream_state(name)
+            if state is not None:  # deleted meanwhile
+                documents.append(p.stream_info_document(name, state, now))
+        return p.stream_list(documents, len(names), offset)
+
+
+def _create_target(tokens: list[str], request: CreateRequest) -> tuple[str, str]:
+    """The stream and consumer a CREATE subject names, checked against its body as
+    jsConsumerCreateRequest checks them; fills the config's name as the server does."""
+    config = request.config
+    if tokens[:3] == ["CONSUMER", "DURABLE", "CREATE"]:
+        stream, name = tokens[3], tokens[4]
+        if stream != request.stream_name:
+            raise jetstream_error(400, 10056, "stream name in subject does not match request")
+        if "\\" in name or "/" in name:
+            raise jetstream_error(400, 10127, "Consumer name can not contain path separators")
+        if not config.get("durable_name"):
+            raise jetstream_error(
+                400, 10018, "consumer expected to be durable but a durable name was not set"
             )
-        return await self.info_document(consumer, kind)
-
-
-def _priority_of(config: dict[str, object]) -> PrioritySettings | None:
-    """The priority settings a CREATE config asks for, checked as nats-server checks them
-    (None: it names none)."""
-    groups = config.get("priority_groups") or []
-    policy = config.get("priority_policy") or "none"
-    timeout = config.get("priority_timeout") or 0
-    if not groups and policy == "none" and not timeout:
-        return None
-    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-        raise InvalidInput("priority_groups must be a list of names")
-    if not isinstance(policy, str) or not isinstance(timeout, int):
-        raise InvalidInput("priority_policy must be a name and priority_timeout nanoseconds")
-    seconds = -(-timeout // p.NANOS) if timeout > 0 else None
-    return priority_settings(groups, parse_policy(policy), seconds, pull=True)
-
-
-def _same_priority(a: PrioritySettings, b: PrioritySettings) -> bool:
-    pinned = a.policy is PriorityPolicy.PINNED_CLIENT
-    return (a.group, a.policy) == (b.group, b.policy) and (not pinned or a.timeout() == b.timeout())
+        if config["durable_name"] != name:
+            raise jetstream_error(
+                400, 10017, "consumer name in subject does not match durable name in request"
+            )
+        config["name"] = name
+        return stream, name
+    stream = tokens[2]
+    name = tokens[3] if len(tokens) > 3 else ""
+    filtered = ".".join(tokens[4:])
+    if stream != request.stream_name:
+        raise jetstream_error(400, 10056, "stream name in subject does not match request")
+    if not name:
+        name = str(config.get("name") or "")
+    if name and ("\\" in name or "/" in name):
+        raise jetstream_error(400, 10127, "Consumer name can not contain path separators")
+    if len(tokens) > 3:
+        durable = config.get("durable_name")
+        if durable and durable != name:
+            raise jetstream_error(
+                400, 10017, "consumer name in subject does not match durable name in request"
+            )
+        config["name"] = name
+    elif config.get("durable_name"):
+        raise jetstream_error(
+            400, 10020, "consumer expected to be ephemeral but a durable name was set in request"
+        )
+    if filtered and config.get("filter_subjects"):
+        raise jetstream_error(
+            400,
+            10137,
+            "consumer with multiple subject filters cannot use subject based API",
+        )
+    if filtered and config.get("filter_subject") != filtered:
+        raise jetstream_error(
+            400,
+            10131,
+            "Consumer create request did not match filtered subject from create subject",
+        )
+    if int(config.get("num_replicas") or 0) > 1:
+        raise jetstream_error(500, 10074, "replicas > 1 not supported in non-clustered mode")
+    return stream, name
 
 
 def _empty_request(body: bytes) -> bool:

@@ -31,10 +31,12 @@ from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
 from app.config import Config, NatsConfig
 from app.domain.errors import Unavailable
+from app.domain.nats_consumers import ProcessLimits
 from app.logging import log_failure
 from app.services.advisories import Advisories
 from app.services.bridge import BridgeService
 from app.services.scheduler import PullScheduler
+from app.services.tokens import TokenKeys
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class BridgeParts(Protocol):
     the bridge names no composition root."""
 
     config: Config
+    tokens: TokenKeys
     scheduler: PullScheduler
     advisories: Advisories
 
@@ -134,6 +137,17 @@ class Bridge:
                 unbounded_cap=None if self.hybrid else float(pull.max_expires_seconds),
             ),
             stored_subject=self.hybrid,
+            apply_backoff=self.service.apply_backoff,
+        )
+        self.management = self.service.management(
+            runtime.tokens,
+            ProcessLimits(
+                max_waiting=pull.max_waiting,
+                max_batch=pull.max_batch,
+                max_expires=max_expires,
+                default_ack_wait=broker.default_ack_wait_seconds,
+                max_retry=broker.broker.retry_policy.max_retry,
+            ),
         )
         self.api = ApiHandler(
             self.service,
@@ -141,6 +155,8 @@ class Bridge:
             self.engine,
             config.api_prefix,
             InfoLimits(pull.max_waiting, pull.max_batch, max_expires),
+            self.management,
+            manage=config.allow_consumer_management,
         )
         self.acks = AckProcessor(self.service, self.cache.get, self.engine, self.out, self._publish)
         self._stop = asyncio.Event()
@@ -175,6 +191,10 @@ class Bridge:
             f"{api}.CONSUMER.CREATE.>",
             f"{api}.CONSUMER.UNPIN.*.*",
             f"{api}.CONSUMER.DURABLE.CREATE.*.*",
+            f"{api}.CONSUMER.DELETE.*.*",
+            f"{api}.CONSUMER.NAMES.*",
+            f"{api}.CONSUMER.LIST.*",
+            f"{api}.STREAM.LIST",
         ):
             self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=self._api_request))
         self._subs.append(

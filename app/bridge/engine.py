@@ -10,16 +10,23 @@ status a request ends with (`408` with `Nats-Pending-*`, `404`, `409`, or nothin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Iterable
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
 from app.bridge import protocol as p
 from app.domain.models import Consumer, ConsumerType, PulledJob
+from app.domain.nats_consumers import backoff_lease
 from app.domain.priority import PullRefused, check_pull
 from app.domain.pulls import Delivery, PullEnd
+from app.logging import log_failure
 from app.services.scheduler import PullScheduler, Waiter
+
+log = logging.getLogger(__name__)
+# (consumer pk, {lease seconds: [(job id, attempt)]}): writes the leases.
+ApplyBackoff = Callable[[int, dict[int, list[tuple[int, int]]]], Awaitable[None]]
 
 
 class Outbound(Protocol):
@@ -113,6 +120,9 @@ class NatsRequest:
             pending=delivery.pending,
         )
         reply = p.ack_subject(self.engine.ack_prefix, token)
+        backoff = consumer.options.backoff
+        if backoff and job.attempt > 1:
+            self.engine.lease_for(consumer, job.id, job.attempt)
         headers = delivery_headers(job, consumer.channel_id)
         if delivery.pin is not None:
             headers.append(("Nats-Pin-Id", delivery.pin))
@@ -160,6 +170,7 @@ class PullEngine:
         limits: EngineLimits,
         *,
         stored_subject: bool = False,
+        apply_backoff: ApplyBackoff | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.out = out
@@ -167,6 +178,34 @@ class PullEngine:
         self.limits = limits
         self.stored_subject = stored_subject
         self._closed = False
+        # A backoff consumer's redeliveries: their leases, set after the claim in one statement
+        # per consumer and length (`apply_backoff`, the bridge service's).
+        self.apply_backoff = apply_backoff
+        self._leases: dict[int, dict[int, list[tuple[int, int]]]] = {}
+        self._leasing: asyncio.Task[None] | None = None
+
+    def lease_for(self, consumer: Consumer, job_id: int, attempt: int) -> None:
+        """Delivery `attempt` of a backoff consumer's job stays unacknowledged for its backoff
+        step, as nats-server times it, not for the ack wait the claim leased it for."""
+        seconds = backoff_lease(consumer.options.backoff, attempt)
+        if self.apply_backoff is None or seconds is None or seconds == consumer.ack_wait_seconds:
+            return
+        by_length = self._leases.setdefault(consumer.pk, {})
+        by_length.setdefault(seconds, []).append((job_id, attempt))
+        if self._leasing is None:
+            self._leasing = asyncio.get_running_loop().create_task(self._write_leases())
+
+    async def _write_leases(self) -> None:
+        try:
+            while self._leases and self.apply_backoff is not None:
+                leases, self._leases = self._leases, {}
+                for consumer_pk, by_length in leases.items():
+                    try:
+                        await self.apply_backoff(consumer_pk, by_length)
+                    except Exception:  # the ack wait's lease stands: redelivered sooner
+                        log_failure(log, "backoff leases of consumer %s", consumer_pk)
+        finally:
+            self._leasing = None
 
     def status(
         self, reply: str, code: int, description: str, headers: Iterable[tuple[str, str]] = ()

@@ -362,15 +362,26 @@ _NAMES_STRUCT = "JSApiStreamNamesRequest"
 _NAMES_FIELDS = {"offset": "int", "subject": "string"}
 
 
-def parse_stream_names_request(body: bytes) -> tuple[str | None, int]:
-    """STREAM.NAMES's request: (the subject filter, or None; the offset). Read as the server
-    reads it, into its Go struct: a field of the wrong type is a BadRequest in Go's words."""
+def parse_stream_names_request(body: bytes, struct: str = _NAMES_STRUCT) -> tuple[str | None, int]:
+    """STREAM.NAMES's (or STREAM.LIST's) request: (the subject filter, or None; the offset).
+    Read as the server reads it, into its Go struct: a field of the wrong type is a BadRequest
+    in Go's words."""
     if not body.strip():
         return None, 0
-    values = _decode_go_object(body, _NAMES_STRUCT, _NAMES_FIELDS)
+    values = _decode_go_object(body, struct, _NAMES_FIELDS)
     subject = values.get("subject")
     offset = int(values.get("offset") or 0)
     return (subject if isinstance(subject, str) and subject else None), max(offset, 0)
+
+
+def parse_page_request(body: bytes) -> int:
+    """CONSUMER.NAMES / LIST: the offset, read only from a JSON object or array as nats-server
+    reads it (isJSONObjectOrArray); anything else asks for the first page."""
+    text = body.strip()
+    if text[:1] not in (b"{", b"["):
+        return 0
+    values = _decode_go_object(text, "JSApiConsumersRequest", {"offset": "int"})
+    return max(int(values.get("offset") or 0), 0)
 
 
 # -- header blocks ------------------------------------------------------------------------------
@@ -617,7 +628,22 @@ UNPIN_TYPE = "io.nats.jetstream.api.v1.consumer_unpin_response"
 NAMES_TYPE = "io.nats.jetstream.api.v1.stream_names_response"
 ACCOUNT_TYPE = "io.nats.jetstream.api.v1.account_info_response"
 STREAM_INFO_TYPE = "io.nats.jetstream.api.v1.stream_info_response"
-PAGED_TYPES = frozenset({STREAM_INFO_TYPE, NAMES_TYPE})
+CONSUMER_NAMES_TYPE = "io.nats.jetstream.api.v1.consumer_names_response"
+CONSUMER_LIST_TYPE = "io.nats.jetstream.api.v1.consumer_list_response"
+DELETE_TYPE = "io.nats.jetstream.api.v1.consumer_delete_response"
+STREAM_LIST_TYPE = "io.nats.jetstream.api.v1.stream_list_response"
+PAGED_TYPES = frozenset(
+    {STREAM_INFO_TYPE, NAMES_TYPE, CONSUMER_NAMES_TYPE, CONSUMER_LIST_TYPE, STREAM_LIST_TYPE}
+)
+# Page sizes (JSApiNamesLimit, JSApiListLimit).
+CONSUMER_NAMES_LIMIT = 1024
+CONSUMER_LIST_LIMIT = 256
+# The server version the bridge answers as, in a consumer's `_nats.ver` metadata (nats-server
+# adds its own to every consumer config it returns).
+SERVER_VERSION = "2.15.1"
+REQUIRED_LEVEL_KEY = "_nats.req.level"
+SERVER_VERSION_KEY = "_nats.ver"
+SERVER_LEVEL_KEY = "_nats.level"
 # The JetStream API level nats-server 2.15 reports; clients read it to pick the requests they
 # may send (2.15.1 answers 5).
 API_LEVEL = 5
@@ -641,8 +667,13 @@ def api_error(kind: str, code: int, err_code: int | None, description: str) -> b
     error["description"] = description
     document: dict[str, object] = {"type": kind, "error": error}
     if kind in PAGED_TYPES:
-        # Responses that embed the server's paging fields carry them beside an error too.
+        # Responses that embed the server's paging fields carry them beside an error too, and
+        # the empty list a paged answer starts from.
         document.update(total=0, offset=0, limit=0)
+        if kind in (CONSUMER_NAMES_TYPE, CONSUMER_LIST_TYPE):
+            document["consumers"] = []
+        elif kind == STREAM_LIST_TYPE:
+            document["streams"] = []
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -700,6 +731,13 @@ GO_ZERO_TIME = "0001-01-01T00:00:00Z"
 def stream_info(name: str, view: StreamState, now: datetime) -> bytes:
     """`$JS.API.STREAM.INFO.<stream>`, shaped as nats-server 2.15 writes it: the limits of a
     stream nothing limits (-1, 0: none), file storage, one replica."""
+    document: dict[str, object] = {"type": STREAM_INFO_TYPE, "total": 0, "offset": 0, "limit": 0}
+    document |= stream_info_document(name, view, now)
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def stream_info_document(name: str, view: StreamState, now: datetime) -> dict[str, object]:
+    """A StreamInfo (inside STREAM.INFO's answer, or one of STREAM.LIST's streams)."""
     state: dict[str, object] = {
         "messages": view.messages,
         "bytes": view.bytes,
@@ -711,11 +749,7 @@ def stream_info(name: str, view: StreamState, now: datetime) -> bytes:
     }
     if view.messages:
         state["num_subjects"] = 1
-    document = {
-        "type": STREAM_INFO_TYPE,
-        "total": 0,
-        "offset": 0,
-        "limit": 0,
+    return {
         "config": {
             "name": name,
             "subjects": [name],
@@ -743,7 +777,6 @@ def stream_info(name: str, view: StreamState, now: datetime) -> bytes:
         "state": state,
         "ts": rfc3339(now),
     }
-    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def stream_names(names: Sequence[str], offset: int = 0, limit: int = 1024) -> bytes:
@@ -794,6 +827,10 @@ class ConsumerView:
     priority: PrioritySettings = NO_PRIORITY
     pinned_id: str | None = None
     pinned_at: datetime | None = None
+    description: str = ""
+    deliver_policy: str = "all"
+    metadata: Mapping[str, str] | None = None
+    required_level: int = 0
 
 
 # Go's zero time.Time, which INFO shows as a group's pinned_ts while nothing is pinned.
@@ -801,10 +838,18 @@ GO_ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
 def consumer_info(view: ConsumerView, now: datetime, kind: str = INFO_TYPE) -> bytes:
-    config: dict[str, object] = {
-        "durable_name": view.name,
-        "name": view.name,
-        "deliver_policy": "all",
+    return json.dumps(consumer_info_document(view, now, kind), separators=(",", ":")).encode()
+
+
+def consumer_info_document(
+    view: ConsumerView, now: datetime, kind: str | None = INFO_TYPE
+) -> dict[str, object]:
+    """A ConsumerInfo; `kind` None for one inside CONSUMER.LIST (no `type` of its own)."""
+    config: dict[str, object] = {"durable_name": view.name, "name": view.name}
+    if view.description:
+        config["description"] = view.description
+    config |= {
+        "deliver_policy": view.deliver_policy,
         "ack_policy": "explicit",
         "ack_wait": view.ack_wait,
         "max_deliver": view.max_deliver,
@@ -818,14 +863,21 @@ def consumer_info(view: ConsumerView, now: datetime, kind: str = INFO_TYPE) -> b
     }
     if view.backoff:
         config["backoff"] = list(view.backoff)
+    # nats-server's own keys beside the consumer's (server/jetstream_versioning.go): the API
+    # level the config needs, stored with it; and, in an answer about one consumer (not in
+    # CONSUMER.LIST's), the server's version and level.
+    metadata = {**(view.metadata or {}), REQUIRED_LEVEL_KEY: str(view.required_level)}
+    if kind is not None:
+        metadata |= {SERVER_VERSION_KEY: SERVER_VERSION, SERVER_LEVEL_KEY: str(API_LEVEL)}
+    config["metadata"] = metadata
     priority = view.priority
     if priority.active:
         config["priority_groups"] = priority.groups
         config["priority_policy"] = priority.policy.value
         if priority.policy is PriorityPolicy.PINNED_CLIENT:
             config["priority_timeout"] = priority.timeout() * NANOS
-    document: dict[str, object] = {
-        "type": kind,
+    document: dict[str, object] = {} if kind is None else {"type": kind}
+    document |= {
         "stream_name": view.stream,
         "name": view.name,
         "created": rfc3339(view.created),
@@ -844,6 +896,43 @@ def consumer_info(view: ConsumerView, now: datetime, kind: str = INFO_TYPE) -> b
         group["pinned_ts"] = rfc3339(view.pinned_at) if view.pinned_at else GO_ZERO_TIME
         document["priority_groups"] = [group]
     document["ts"] = rfc3339(now)
+    return document
+
+
+def consumer_names(names: Sequence[str], total: int, offset: int) -> bytes:
+    document = {
+        "type": CONSUMER_NAMES_TYPE,
+        "total": total,
+        "offset": offset,
+        "limit": CONSUMER_NAMES_LIMIT,
+        "consumers": list(names),
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def consumer_list(infos: Sequence[dict[str, object]], total: int, offset: int) -> bytes:
+    document = {
+        "type": CONSUMER_LIST_TYPE,
+        "total": total,
+        "offset": offset,
+        "limit": CONSUMER_LIST_LIMIT,
+        "consumers": list(infos),
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def consumer_deleted() -> bytes:
+    return json.dumps({"type": DELETE_TYPE, "success": True}, separators=(",", ":")).encode()
+
+
+def stream_list(infos: Sequence[dict[str, object]], total: int, offset: int) -> bytes:
+    document = {
+        "type": STREAM_LIST_TYPE,
+        "total": total,
+        "offset": offset,
+        "limit": CONSUMER_LIST_LIMIT,
+        "streams": list(infos),
+    }
     return json.dumps(document, separators=(",", ":")).encode()
 
 

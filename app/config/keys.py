@@ -732,6 +732,14 @@ SECTIONS: tuple[Section, ...] = (
                 str,
                 "Queue group shared by bridge processes, so each request is answered once.",
             ),
+            Key(
+                "allow-consumer-management",
+                "true",
+                _boolean,
+                "Whether JetStream clients may create, update and delete pull consumers over "
+                "NATS (CONSUMER.CREATE / DURABLE.CREATE / DELETE); false: they bind to existing "
+                "consumers only. NATS permissions on those subjects decide who may.",
+            ),
             Key("user", "", str, "Client connection user (empty: none)."),
             Key("password", "", str, "Client connection password."),
             Key("token", "", str, "Client connection auth token (empty: none)."),

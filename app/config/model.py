@@ -202,6 +202,7 @@ class NatsConfig:
     api_prefix: str = default("nats", "api-prefix")
     ack_prefix: str = default("nats", "ack-prefix")
     queue_group: str = default("nats", "queue-group")
+    allow_consumer_management: bool = default("nats", "allow-consumer-management")
     user: str = default("nats", "user")
     password: str = default("nats", "password")
     token: str = default("nats", "token")

@@ -69,6 +69,20 @@ class PushState:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerOptions:
+    """Settings a consumer made or changed over NATS may carry (migration 0013; None: the
+    broker's default). `backoff` is in seconds: the ack wait of each delivery, as JetStream's
+    consumer backoff; `max_deliver` -1 is unlimited."""
+
+    max_deliver: int | None = None
+    max_waiting: int | None = None
+    backoff: tuple[int, ...] = ()
+    description: str | None = None
+    metadata: dict[str, str] | None = None
+    deliver_policy: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Consumer:
     pk: int
     id: str
@@ -83,6 +97,7 @@ class Consumer:
     updated_at: datetime
     priority: PrioritySettings = NO_PRIORITY
     push: PushSettings = field(default_factory=lambda: PushSettings())
+    options: ConsumerOptions = field(default_factory=lambda: ConsumerOptions())
 
     def ack_wait(self, default: int) -> int:
         """Seconds a claim leases a job for: the consumer's own ack wait, or the broker's."""

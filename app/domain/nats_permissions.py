@@ -109,20 +109,36 @@ def password_variables(consumers: Iterable[tuple[str, str]]) -> dict[tuple[str, 
 
 
 def bridge_subscriptions(subjects: BridgeSubjects) -> tuple[str, ...]:
-    """Every subject the bridge subscribes to (app/bridge/bridge.py), plus consumer deletion,
-    which consumer management will answer: management is the bridge's alone."""
+    """Every subject the bridge subscribes to (app/bridge/bridge.py). Consumer management
+    (CREATE, DURABLE.CREATE, DELETE) is answered by the bridge alone; who may send those
+    requests is whoever an operator grants them to (`management_subjects`)."""
     api = subjects.api_prefix
     return (
         f"{api}.INFO",
         f"{api}.STREAM.NAMES",
+        f"{api}.STREAM.LIST",
         f"{api}.STREAM.INFO.*",
         f"{api}.CONSUMER.INFO.*.*",
-        f"{api}.CONSUMER.CREATE.>",
-        f"{api}.CONSUMER.DURABLE.CREATE.*.*",
-        f"{api}.CONSUMER.DELETE.*.*",
+        f"{api}.CONSUMER.NAMES.*",
+        f"{api}.CONSUMER.LIST.*",
+        *management_subjects(subjects),
         f"{api}.CONSUMER.UNPIN.*.*",
         f"{api}.CONSUMER.MSG.NEXT.*.*",
         f"{subjects.ack_prefix}.>",
+    )
+
+
+def management_subjects(subjects: BridgeSubjects, channel_id: str = "*") -> tuple[str, ...]:
+    """The requests that create, update and delete consumers (of one channel, or of any): a
+    user granted these may manage consumers over NATS while [nats] allow-consumer-management
+    is on; no worker user is granted them."""
+    api = subjects.api_prefix
+    return (
+        f"{api}.CONSUMER.CREATE.{channel_id}.>"
+        if channel_id != "*"
+        else f"{api}.CONSUMER.CREATE.>",
+        f"{api}.CONSUMER.DURABLE.CREATE.{channel_id}.*",
+        f"{api}.CONSUMER.DELETE.{channel_id}.*",
     )
 
 

@@ -326,14 +326,22 @@ class AdminService:
         return found
 
     async def delete_consumer(
-        self, channel_id: str, consumer_id: str, if_unmodified_since: str | None
+        self,
+        channel_id: str,
+        consumer_id: str,
+        if_unmodified_since: str | None,
+        *,
+        unconditional: bool = False,
     ) -> None:
+        """`unconditional`: without the If-Unmodified-Since check (a NATS CONSUMER.DELETE,
+        which has no such header)."""
         async with self._db.transaction() as tx:
             store = ConsumerStore(tx)
             existing = await store.get(channel_id, consumer_id, for_update=True)
             if existing is None:
                 raise NotFound(f"consumer {consumer_id!r} not found in channel {channel_id!r}")
-            check_unmodified_since(existing.updated_at, if_unmodified_since)
+            if not unconditional:
+                check_unmodified_since(existing.updated_at, if_unmodified_since)
             await store.delete(existing.pk)
             # Pulls waiting on this consumer re-check it, find it gone and return.
             tx.announce_change([existing.pk])

@@ -11,11 +11,15 @@ from dataclasses import dataclass
 
 from app.domain.jobs import RetryPolicy
 from app.domain.models import MAX_FIELD_LENGTH, Consumer, StreamState
+from app.domain.nats_consumers import ProcessLimits
 from app.domain.pulls import AckItem
 from app.services.acking import AckBatch, AckService
+from app.services.admin import AdminService
 from app.services.claiming import ClaimSource
+from app.services.consumer_management import ConsumerManagement
 from app.services.consumer_state import ConsumerSnapshot, snapshot
 from app.services.pinning import PinService
+from app.services.tokens import TokenKeys
 from app.store.bridge import BridgeStore
 from app.store.db import Database
 from app.store.stakeholders import ConsumerStore, channels
@@ -84,6 +88,20 @@ class BridgeService:
 
     async def unpin(self, consumer: Consumer, group: str) -> bool:
         return await self._pins.unpin(consumer, group)
+
+    def management(self, tokens: TokenKeys, limits: ProcessLimits) -> ConsumerManagement:
+        """Consumer management over NATS, deleting through the management API's service."""
+        return ConsumerManagement(self._db, AdminService(self._db, tokens), limits)
+
+    async def apply_backoff(
+        self, consumer_pk: int, leases: dict[int, list[tuple[int, int]]]
+    ) -> None:
+        """Leases of a backoff consumer's deliveries, by seconds: each runs that long from its
+        claim (see BridgeStore.extend_leases)."""
+        async with self._db.transaction() as tx:
+            store = BridgeStore(tx)
+            for seconds, targets in leases.items():
+                await store.extend_leases(consumer_pk, targets, seconds)
 
 
 def _nameable(name: str) -> bool:

@@ -15,10 +15,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, func, select, tuple_, update
 
 from app.domain.jobs import JobStatus
-from app.domain.models import ConsumerType, StreamState
-from app.store.db import Tx, now, upsert
+from app.domain.models import Consumer, ConsumerType, StreamState
+from app.store.db import Tx, now, plus_seconds, upsert
 from app.store.jobs import status_in, status_is
 from app.store.schema import bridge_consumer, channel, consumer, job, message
+from app.store.stakeholders import consumer_from_row
 
 QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
@@ -182,6 +183,48 @@ class BridgeStore:
     async def channel_ids(self) -> list[str]:
         rows = await self._tx.conn.execute(select(channel.c.id).order_by(channel.c.id))
         return [str(v) for v in rows.scalars()]
+
+    async def pull_consumer_page(
+        self, channel_id: str, offset: int, limit: int
+    ) -> tuple[int, list[Consumer]]:
+        """CONSUMER.NAMES / LIST: how many pull consumers the channel has, and those from
+        `offset` on in name order (the order nats-server pages them in)."""
+        pulls = (consumer.c.channel_id == channel_id) & (consumer.c.type == ConsumerType.PULL.value)
+        total = (
+            await self._tx.conn.execute(select(func.count()).select_from(consumer).where(pulls))
+        ).scalar_one()
+        rows = await self._tx.conn.execute(
+            select(consumer)
+            .where(pulls)
+            .order_by(consumer.c.consumer_id)
+            .offset(offset)
+            .limit(limit)
+        )
+        return int(total), [consumer_from_row(row) for row in rows]
+
+    async def holds_messages(self, channel_id: str) -> bool:
+        """Whether the channel stores any message (one probe of its index)."""
+        query = select(message.c.pk).where(message.c.channel_id == channel_id).limit(1)
+        return (await self._tx.conn.execute(query)).first() is not None
+
+    async def extend_leases(
+        self, consumer_pk: int, targets: Seq[tuple[int, int]], seconds: int
+    ) -> int:
+        """A backoff consumer's delivery: its lease runs `seconds` from its claim, not the ack
+        wait (fenced on (id, attempt) and INFLIGHT, so a job acked or claimed again meanwhile
+        is untouched)."""
+        if not targets:
+            return 0
+        result = await self._tx.conn.execute(
+            update(job)
+            .where(
+                job.c.consumer_pk == consumer_pk,
+                status_is(INFLIGHT),
+                tuple_(job.c.id, job.c.attempt).in_(list(targets)),
+            )
+            .values(lease_expires_at=plus_seconds(self._tx.dialect, job.c.claimed_at, seconds))
+        )
+        return int(result.rowcount or 0)
 
 
 def _greater(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]:

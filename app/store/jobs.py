@@ -422,7 +422,7 @@ class JobStore:
     def _failure_values(
         self, policy: RetryPolicy, delay: float | None, reason: str
     ) -> dict[str, Any]:
-        exhausted = job.c.retry_count >= policy.max_retry
+        exhausted = job.c.retry_count >= _retries_allowed(policy)
         wait: ColumnElement[Any] | float = (
             backoff_expr(policy, job.c.retry_count + 1) if delay is None else delay
         )
@@ -554,6 +554,21 @@ class JobStore:
         query = select(func.min(job.c.lease_expires_at)).where(status_is(INFLIGHT))
         value: datetime | None = (await self._tx.conn.execute(query)).scalar_one()
         return value
+
+
+# No consumer sets more deliveries than this (its max_deliver is an INTEGER column).
+_UNLIMITED_RETRIES = 2**31 - 1
+
+
+def _retries_allowed(policy: RetryPolicy) -> ColumnElement[Any]:
+    """The retries the job's consumer allows: its own max_deliver less the first delivery
+    (-1: no limit, as JetStream's), or the broker's max-retry when it sets none."""
+    own = select(consumer.c.max_deliver).where(consumer.c.pk == job.c.consumer_pk).scalar_subquery()
+    return case(
+        (own.is_(None), literal(policy.max_retry)),
+        (own < 0, literal(_UNLIMITED_RETRIES)),
+        else_=own - 1,
+    )
 
 
 def _within_bytes(rows: Sequence[Row[Any, Any]], max_bytes: int) -> list[int]:

@@ -99,6 +99,16 @@ consumer = Table(
     # began.
     Column("ledger_from", BigInteger(), nullable=False, server_default="0"),
     Column("ledger_opening", BigInteger(), nullable=False, server_default="0"),
+    # Set by consumer management over NATS (migration 0013; NULL: the broker's default):
+    # deliveries before the dead letters (-1: no limit), waiting pulls allowed, the ack wait
+    # of each delivery in seconds (JSON list), a description, metadata (JSON object) and the
+    # deliver policy it was created with.
+    Column("max_deliver", Integer(), nullable=True),
+    Column("max_waiting", Integer(), nullable=True),
+    Column("backoff", JSON(), nullable=True),
+    Column("description", Text(), nullable=True),
+    Column("metadata", JSON(), nullable=True),
+    Column("deliver_policy", String(32), nullable=True),
     UniqueConstraint("channel_id", "consumer_id"),
 )
 

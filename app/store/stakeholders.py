@@ -20,7 +20,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from app.domain.models import Consumer, ConsumerType, Cursor, Page, PushSettings, Stakeholder
+from app.domain.models import (
+    Consumer,
+    ConsumerOptions,
+    ConsumerType,
+    Cursor,
+    Page,
+    PushSettings,
+    Stakeholder,
+)
 from app.domain.priority import PriorityPolicy, PrioritySettings
 from app.store.db import Tx
 from app.store.ledger import LedgerStore
@@ -62,6 +70,14 @@ def consumer_from_row(row: Row[Any]) -> Consumer:
             previous_secret_until=row.previous_secret_until,
             max_in_flight=row.max_in_flight,
             rate_limit=row.rate_limit,
+        ),
+        options=ConsumerOptions(
+            max_deliver=row.max_deliver,
+            max_waiting=row.max_waiting,
+            backoff=tuple(int(v) for v in row.backoff or ()),
+            description=row.description,
+            metadata=dict(row.metadata) if row.metadata else None,
+            deliver_policy=row.deliver_policy,
         ),
     )
 

@@ -16,7 +16,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from app.bridge import protocol as p
 from app.runtime import Runtime
@@ -366,13 +366,13 @@ async def test_create_and_push_consumers(hub: NatsServer, make_bridge: BridgeFac
     nc = await nats.connect(hub.url)
     js = nc.jetstream()
     try:
-        # CREATE of an existing pull consumer answers with its info.
+        # CREATE of an existing pull consumer with the config it has answers with its info.
+        info = await nc.request("$JS.API.CONSUMER.INFO.orders.workers", b"", timeout=2)
+        same = json.dumps({"stream_name": "orders", "config": json.loads(info.data)["config"]})
         created = json.loads(
             (
                 await nc.request(
-                    "$JS.API.CONSUMER.CREATE.orders.workers.orders",
-                    b'{"stream_name": "orders", "config": {"durable_name": "workers"}}',
-                    timeout=2,
+                    "$JS.API.CONSUMER.CREATE.orders.workers.orders", same.encode(), timeout=2
                 )
             ).data
         )
@@ -380,15 +380,14 @@ async def test_create_and_push_consumers(hub: NatsServer, make_bridge: BridgeFac
         assert (created["name"], created["stream_name"]) == ("workers", "orders")
         legacy = json.loads(
             (
-                await nc.request("$JS.API.CONSUMER.DURABLE.CREATE.orders.workers", b"{}", timeout=2)
+                await nc.request(
+                    "$JS.API.CONSUMER.DURABLE.CREATE.orders.workers", same.encode(), timeout=2
+                )
             ).data
         )
         assert legacy["name"] == "workers"
-        # pull_subscribe of an unknown durable tries to create it: a clear refusal.
-        with pytest.raises(BadRequestError) as caught:
-            await js.pull_subscribe("orders", durable="newcomer", stream="orders")
-        assert "does not create consumers" in str(caught.value.description)
-        assert "newcomer" in str(caught.value.description)
+        # pull_subscribe of an unknown durable creates it (consumer management over NATS).
+        await js.pull_subscribe("orders", durable="newcomer", stream="orders")
         with pytest.raises(NotFoundError):
             await js.pull_subscribe("nothing", durable="workers")
         # A push consumer: the JSON APIs refuse it, and a pull gets `409 Consumer is push based`.

@@ -1,0 +1,646 @@
+"""Consumer management over NATS, free of I/O: a CONSUMER.CREATE request read as nats-server
+2.15 reads it (server/jetstream_api.go jsConsumerCreateRequest, server/consumer.go
+setConsumerConfigDefaults, checkConsumerCfg and checkNewConsumerConfig), its settings mapped
+onto a broker pull consumer, and the settings the broker cannot honour refused by name.
+
+Every failure is a `ConsumerApiError`: nats-server's code, error code and text where nats-server
+refuses the request itself, or a 400 without an error code naming the setting the broker does
+not support (those refusals are the only place a later feature has to change).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.domain.models import MAX_FIELD_LENGTH, Consumer
+from app.domain.priority import (
+    PriorityConfigError,
+    PriorityPolicy,
+    PrioritySettings,
+    parse_policy,
+    priority_settings,
+)
+
+NANOS = 1_000_000_000
+# nats-server's defaults (server/consumer.go) for what a request leaves unset.
+DEFAULT_ACK_WAIT = 30 * NANOS
+DEFAULT_MAX_ACK_PENDING = 1000
+DEFAULT_MAX_WAITING = 512  # JSWaitQueueDefaultMax
+DEFAULT_PINNED_TTL = 120 * NANOS
+MAX_DESCRIPTION = 4 * 1024  # JSMaxDescriptionLen
+MAX_METADATA = 128 * 1024  # JSMaxMetadataLen
+MAX_INTEGER = 2**31 - 1  # the consumer's INTEGER columns
+# The metadata keys nats-server writes itself (server/jetstream_versioning.go).
+REQUIRED_LEVEL_KEY = "_nats.req.level"
+SERVER_VERSION_KEY = "_nats.ver"
+SERVER_LEVEL_KEY = "_nats.level"
+DYNAMIC_PREFIX = "_nats."
+
+DELIVER_POLICIES = (
+    "all",
+    "last",
+    "new",
+    "by_start_sequence",
+    "by_start_time",
+    "last_per_subject",
+)
+# What the broker does today: a new consumer gets jobs for messages published from its creation
+# on, which is "all" while the channel holds no message.
+SUPPORTED_DELIVER_POLICIES = ("all", "new")
+ACK_POLICIES = ("none", "all", "explicit", "flow_control")
+REPLAY_POLICIES = ("instant", "original")
+ACTIONS = {"": "create_or_update", "create": "create", "update": "update"}
+
+
+class ConsumerApiError(Exception):
+    """A JetStream API error: `err_code` None for the bridge's own refusals."""
+
+    def __init__(self, code: int, err_code: int | None, description: str) -> None:
+        super().__init__(description)
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+def jetstream_error(code: int, err_code: int, description: str) -> ConsumerApiError:
+    return ConsumerApiError(code, err_code, description)
+
+
+def unsupported(setting: str, why: str) -> ConsumerApiError:
+    """A setting the broker cannot honour: refused by name, never dropped."""
+    return ConsumerApiError(400, None, f"webhook-broker does not support {setting}: {why}")
+
+
+def create_error(text: str) -> ConsumerApiError:
+    """NewJSConsumerCreateError of a plain error: how nats-server answers a refused update."""
+    return ConsumerApiError(500, 10012, text)
+
+
+# -- reading the request as Go does ----------------------------------------------------------
+
+# Field -> Go type of ConsumerConfig (server/consumer.go).
+_CONFIG_FIELDS: dict[str, str] = {
+    "durable_name": "string",
+    "name": "string",
+    "description": "string",
+    "deliver_policy": "DeliverPolicy",
+    "opt_start_seq": "uint64",
+    "opt_start_time": "time.Time",
+    "ack_policy": "AckPolicy",
+    "ack_wait": "time.Duration",
+    "max_deliver": "int",
+    "backoff": "[]time.Duration",
+    "filter_subject": "string",
+    "filter_subjects": "[]string",
+    "replay_policy": "ReplayPolicy",
+    "rate_limit_bps": "uint64",
+    "sample_freq": "string",
+    "max_waiting": "int",
+    "max_ack_pending": "int",
+    "flow_control": "bool",
+    "headers_only": "bool",
+    "max_batch": "int",
+    "max_expires": "time.Duration",
+    "max_bytes": "int",
+    "deliver_subject": "string",
+    "deliver_group": "string",
+    "idle_heartbeat": "time.Duration",
+    "inactive_threshold": "time.Duration",
+    "num_replicas": "int",
+    "mem_storage": "bool",
+    "direct": "bool",
+    "sourcing": "bool",
+    "metadata": "map[string]string",
+    "pause_until": "time.Time",
+    "priority_groups": "[]string",
+    "priority_policy": "PriorityPolicy",
+    "priority_timeout": "time.Duration",
+}
+_ENUMS: dict[str, tuple[str, ...]] = {
+    "DeliverPolicy": DELIVER_POLICIES,
+    "AckPolicy": ACK_POLICIES,
+    "ReplayPolicy": REPLAY_POLICIES,
+    "PriorityPolicy": ("none", "overflow", "pinned_client", "prioritized"),
+}
+_INTEGER_TYPES = ("int", "uint64", "time.Duration")
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _invalid_json(text: str) -> ConsumerApiError:
+    return jetstream_error(400, 10025, f"invalid JSON: {text}")
+
+
+def _type_error(value: object, where: str, go_type: str) -> ConsumerApiError:
+    kind = _kind(value)
+    if kind == "number":
+        kind = f"number {json.dumps(value)}"
+    return _invalid_json(
+        f"json: cannot unmarshal {kind} into Go struct field CreateConsumerRequest.{where} "
+        f"of type {go_type}"
+    )
+
+
+def _checked(name: str, value: object) -> object:
+    go_type = _CONFIG_FIELDS[name]
+    where = f"config.{name}"
+    if value is None:
+        return None
+    if go_type in _ENUMS:
+        if not isinstance(value, str) or value not in _ENUMS[go_type]:
+            raise _invalid_json(f"can not unmarshal {json.dumps(json.dumps(value))}")
+        return value
+    if go_type == "string":
+        if not isinstance(value, str):
+            raise _type_error(value, where, go_type)
+        return value
+    if go_type == "bool":
+        if not isinstance(value, bool):
+            raise _type_error(value, where, go_type)
+        return value
+    if go_type in _INTEGER_TYPES:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error(value, where, go_type)
+        if not -(2**63) <= value < 2**64 or (go_type != "uint64" and value >= 2**63):
+            raise _type_error(value, where, go_type)
+        if go_type == "uint64" and value < 0:
+            raise _type_error(value, where, go_type)
+        return value
+    if go_type == "time.Time":
+        if not isinstance(value, str):
+            raise _type_error(value, where, go_type)
+        return value
+    if go_type.startswith("[]"):
+        if not isinstance(value, list):
+            raise _type_error(value, where, go_type)
+        inner = go_type[2:]
+        for item in value:
+            ok = isinstance(item, str) if inner == "string" else _integer(item)
+            if not ok:
+                raise _type_error(item, where, inner)
+        return list(value)
+    # map[string]string
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise _type_error(value, where, go_type)
+    return dict(value)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    stream_name: str
+    config: dict[str, Any]
+    action: str
+    pedantic: bool
+
+
+def parse_create_request(body: bytes) -> CreateRequest:
+    """The request body as nats-server unmarshals it; ConsumerApiError 10025 when it cannot."""
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        raise _invalid_json("unexpected end of JSON input")
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise _invalid_json(str(exc)) from None
+    if not isinstance(raw, dict):
+        raise _invalid_json(f"json: cannot unmarshal {_kind(raw)} into Go value")
+    stream = raw.get("stream_name")
+    if stream is not None and not isinstance(stream, str):
+        raise _invalid_json(
+            f"json: cannot unmarshal {_kind(stream)} into Go struct field "
+            "CreateConsumerRequest.stream_name of type string"
+        )
+    action = raw.get("action") or ""
+    if not isinstance(action, str) or action not in ACTIONS:
+        raise _invalid_json(f"unknown consumer action: {action}")
+    pedantic = raw.get("pedantic") or False
+    if not isinstance(pedantic, bool):
+        raise _type_error(pedantic, "pedantic", "bool")
+    given = raw.get("config")
+    if given is not None and not isinstance(given, dict):
+        raise _invalid_json(
+            f"json: cannot unmarshal {_kind(given)} into Go struct field "
+            "CreateConsumerRequest.config of type server.ConsumerConfig"
+        )
+    config: dict[str, Any] = {}
+    for key, value in (given or {}).items():
+        name = key if key in _CONFIG_FIELDS else _folded(key)
+        if name is not None:
+            config[name] = _checked(name, value)
+    return CreateRequest(stream or "", config, ACTIONS[action], pedantic)
+
+
+def _folded(key: str) -> str | None:
+    """Go matches JSON keys to fields case-insensitively."""
+    lower = key.lower()
+    return next((f for f in _CONFIG_FIELDS if f == lower), None)
+
+
+# -- the consumer's settings ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSpec:
+    """A pull consumer's JetStream config, defaults applied, in nats-server's units (ns).
+    Compared whole to tell an unchanged CREATE from an update."""
+
+    name: str
+    description: str = ""
+    deliver_policy: str = "all"
+    ack_policy: str = "explicit"
+    replay_policy: str = "instant"
+    deliver_subject: str = ""
+    ack_wait: int = DEFAULT_ACK_WAIT
+    max_deliver: int = -1
+    backoff: tuple[int, ...] = ()
+    max_waiting: int = DEFAULT_MAX_WAITING
+    max_ack_pending: int = DEFAULT_MAX_ACK_PENDING
+    metadata: tuple[tuple[str, str], ...] = ()  # without nats-server's own keys
+    priority: PrioritySettings = field(default_factory=PrioritySettings)
+
+    def metadata_dict(self) -> dict[str, str] | None:
+        return dict(self.metadata) or None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessLimits:
+    """What a bridge process applies to every consumer (the [pull] keys), reported in each
+    consumer's config, so a request may name them but not set others."""
+
+    max_waiting: int
+    max_batch: int
+    max_expires: int  # ns
+    default_ack_wait: int  # seconds, for consumers made over HTTP without one
+    max_retry: int
+
+
+def _nonzero(config: Mapping[str, Any], name: str) -> bool:
+    value = config.get(name)
+    return value not in (None, 0, "", False, [], {})
+
+
+def resolve_name(config: Mapping[str, Any]) -> str:
+    return str(config.get("durable_name") or config.get("name") or "")
+
+
+def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
+    """nats-server's defaults and checks, in its order (the broker's refusals come after the
+    update checks: `refuse_unsupported`)."""
+    name = resolve_name(config)
+    for key, label in (("name", "consumer name"), ("durable_name", "consumer durable name")):
+        value = config.get(key) or ""
+        if value and any(ch in value for ch in " \t\r\n\f.*>\\/"):
+            raise jetstream_error(500, 10052, f"{label} can not contain '.', '*', '>', '\\', '/'")
+    replicas = int(config.get("num_replicas") or 0)
+    if replicas < 0:
+        raise jetstream_error(400, 10133, "replicas count cannot be negative")
+    if replicas > 1:
+        raise jetstream_error(400, 10126, "consumer config replica count exceeds parent stream")
+    ack_policy = config.get("ack_policy") or "none"
+    deliver_subject = config.get("deliver_subject") or ""
+    backoff = [int(v) for v in config.get("backoff") or []]
+    if any(v < 0 for v in backoff):
+        raise jetstream_error(400, 10184, "consumer backoff needs to be positive")
+    ack_wait = int(config.get("ack_wait") or 0)
+    if ack_wait < 0:
+        raise jetstream_error(400, 10183, "consumer ack wait needs to be positive")
+    max_deliver = int(config.get("max_deliver") or 0)
+    if max_deliver == 0 or max_deliver < -1:
+        max_deliver = -1
+    if backoff and max_deliver != -1 and len(backoff) > max_deliver:
+        raise jetstream_error(
+            400, 10116, "max deliver is required to be > length of backoff values"
+        )
+    description = str(config.get("description") or "")
+    if len(description.encode()) > MAX_DESCRIPTION:
+        raise jetstream_error(
+            400, 10107, f"consumer description is too long, maximum allowed is {MAX_DESCRIPTION}"
+        )
+    max_waiting = int(config.get("max_waiting") or 0)
+    if not deliver_subject:
+        if _nonzero(config, "rate_limit_bps"):
+            raise jetstream_error(400, 10086, "consumer in pull mode can not have rate limit set")
+        if max_waiting < 0:
+            max_waiting = 0  # setConsumerConfigDefaults, before the check can see it
+        if _nonzero(config, "idle_heartbeat") and int(config["idle_heartbeat"]) > 0:
+            raise jetstream_error(
+                400, 10088, "consumer idle heartbeat requires a push based consumer"
+            )
+        if config.get("flow_control"):
+            raise jetstream_error(
+                400, 10089, "consumer flow control requires a push based consumer"
+            )
+        expires = int(config.get("max_expires") or 0)
+        if 0 < expires < 1_000_000:
+            raise jetstream_error(400, 10115, "consumer max request expires needs to be >= 1ms")
+    if config.get("direct") and not deliver_subject:
+        raise jetstream_error(400, 10090, "consumer direct requires a push based consumer")
+    filter_subject = str(config.get("filter_subject") or "")
+    filters = list(config.get("filter_subjects") or [])
+    if filter_subject and filters:
+        raise jetstream_error(
+            400, 10136, "consumer cannot have both FilterSubject and FilterSubjects specified"
+        )
+    if any(f == "" for f in filters):
+        raise jetstream_error(400, 10139, "consumer filter in FilterSubjects cannot be empty")
+    deliver_policy = config.get("deliver_policy") or "all"
+    _check_start(deliver_policy, config, filter_subject or bool(filters))
+    durable, named = config.get("durable_name"), config.get("name")
+    if durable and named and durable != named:
+        raise jetstream_error(
+            400, 10132, "Consumer Durable and Name have to be equal if both are provided"
+        )
+    metadata = {
+        k: v for k, v in (config.get("metadata") or {}).items() if not k.startswith(DYNAMIC_PREFIX)
+    }
+    if sum(len(k) + len(v) for k, v in metadata.items()) > MAX_METADATA:
+        raise jetstream_error(400, 10135, "consumer metadata exceeds maximum size of 128KB")
+    priority = _priority(config)
+
+    if ack_wait == 0:
+        ack_wait = DEFAULT_ACK_WAIT
+    if backoff:
+        ack_wait = backoff[0]
+    max_ack_pending = int(config.get("max_ack_pending") or 0)
+    if max_ack_pending < -1:
+        max_ack_pending = -1
+    if max_ack_pending == 0:
+        max_ack_pending = DEFAULT_MAX_ACK_PENDING
+    if max_waiting == 0:
+        max_waiting = DEFAULT_MAX_WAITING
+    return ConsumerSpec(
+        name=name,
+        description=description,
+        deliver_policy=deliver_policy,
+        ack_policy=ack_policy,
+        replay_policy=config.get("replay_policy") or "instant",
+        deliver_subject=deliver_subject,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver,
+        backoff=tuple(backoff),
+        max_waiting=max_waiting,
+        max_ack_pending=max_ack_pending,
+        metadata=tuple(sorted(metadata.items())),
+        priority=priority,
+    )
+
+
+def refuse_unsupported(
+    spec: ConsumerSpec, config: Mapping[str, Any], stream: str, limits: ProcessLimits
+) -> None:
+    """What the broker cannot do (yet), refused by name: a later feature removes its refusal."""
+    name = spec.name
+    deliver_subject = spec.deliver_subject
+    ack_policy = spec.ack_policy
+    deliver_policy = spec.deliver_policy
+    filter_subject = str(config.get("filter_subject") or "")
+    filters = list(config.get("filter_subjects") or [])
+    if not name:
+        raise unsupported(
+            "ephemeral consumers",
+            f"name the consumer (durable_name or name) to create a pull consumer on {stream!r}",
+        )
+    if len(name) > MAX_FIELD_LENGTH or "\x00" in name:
+        raise jetstream_error(
+            400, 10102, f"consumer name is too long, maximum allowed is {MAX_FIELD_LENGTH}"
+        )
+    if deliver_subject:
+        raise unsupported("push consumers over NATS (deliver_subject)", "use a pull consumer")
+    if config.get("deliver_group"):
+        raise unsupported("deliver_group", "it is a push consumer setting")
+    if ack_policy != "explicit":
+        raise unsupported(
+            f"ack_policy {ack_policy}", "a broker consumer acknowledges each job (explicit)"
+        )
+    if deliver_policy not in SUPPORTED_DELIVER_POLICIES:
+        raise unsupported(f"deliver_policy {deliver_policy}", "use all or new")
+    if spec.replay_policy != "instant":
+        raise unsupported("replay_policy original", "jobs are delivered as soon as they are due")
+    for setting in (
+        "sample_freq",
+        "headers_only",
+        "max_bytes",
+        "inactive_threshold",
+        "mem_storage",
+        "sourcing",
+        "pause_until",
+    ):
+        if _nonzero(config, setting):
+            raise unsupported(setting, _WHY[setting])
+    for subject in [filter_subject, *filters]:
+        if subject and not _covers(subject, stream):
+            raise unsupported(
+                f"filter_subject {subject}",
+                f"a consumer gets every message of its channel (subject {stream})",
+            )
+    if len(filters) > 1:
+        raise unsupported("several filter_subjects", "a channel has one subject")
+    for setting, allowed in (
+        ("max_batch", limits.max_batch),
+        ("max_expires", limits.max_expires),
+    ):
+        if _nonzero(config, setting) and int(config[setting]) != allowed:
+            raise unsupported(
+                f"{setting} {config[setting]}",
+                f"every consumer has this bridge's limit ({allowed}, set by [pull])",
+            )
+    for setting, nanos in (("ack_wait", spec.ack_wait), *(("backoff", v) for v in spec.backoff)):
+        if nanos % NANOS or not NANOS <= nanos <= MAX_INTEGER * NANOS:
+            raise unsupported(
+                f"{setting} of {nanos} ns", "ack waits are whole seconds, at least 1 s"
+            )
+    for setting, value in (
+        ("max_deliver", spec.max_deliver),
+        ("max_ack_pending", spec.max_ack_pending),
+        ("max_waiting", spec.max_waiting),
+    ):
+        if value > MAX_INTEGER:
+            raise unsupported(f"{setting} {value}", f"at most {MAX_INTEGER}")
+
+
+def refuse_history(spec: ConsumerSpec, stream: str) -> None:
+    """A new consumer gets jobs for the messages published from its creation on: that is
+    deliver policy `all` only while the channel holds no message."""
+    if spec.deliver_policy == "all":
+        raise unsupported(
+            "deliver_policy all on a channel that holds messages",
+            f"a new consumer of {stream!r} gets jobs for messages published from its creation "
+            "on: use deliver_policy new",
+        )
+
+
+_WHY = {
+    "sample_freq": "the bridge sends no ack sampling advisories",
+    "headers_only": "jobs are delivered with their payload",
+    "max_bytes": "the bridge limits a request's bytes only as the request asks",
+    "inactive_threshold": "only ephemeral consumers expire, and those are not supported yet",
+    "mem_storage": "jobs are stored in the broker's database",
+    "sourcing": "it is for stream sourcing",
+    "pause_until": "consumers cannot be paused",
+}
+
+
+def _covers(pattern: str, subject: str) -> bool:
+    """Does `pattern` match the channel's one subject."""
+    want, have = pattern.split("."), subject.split(".")
+    for index, token in enumerate(want):
+        if token == ">":
+            return len(have) > index
+        if index >= len(have) or token not in ("*", have[index]):
+            return False
+    return len(want) == len(have)
+
+
+def _check_start(policy: str, config: Mapping[str, Any], filtered: object) -> None:
+    seq = bool(config.get("opt_start_seq"))
+    at = config.get("opt_start_time") is not None
+    words = {
+        "all": "all",
+        "last": "last",
+        "last_per_subject": "last per subject",
+        "new": "new",
+        "by_start_sequence": "by start sequence",
+        "by_start_time": "by start time",
+    }[policy]
+
+    def bad_start(start: str) -> ConsumerApiError:
+        return jetstream_error(
+            400,
+            10094,
+            f"consumer delivery policy is deliver {words}, but optional start {start} is also set",
+        )
+
+    def not_set(what: str) -> ConsumerApiError:
+        return jetstream_error(
+            400,
+            10094,
+            f"consumer delivery policy is deliver {words}, but optional {what} is not set",
+        )
+
+    if policy in ("all", "last", "last_per_subject", "new"):
+        if seq:
+            raise bad_start("sequence")
+        if at:
+            raise bad_start("time")
+        if policy == "last_per_subject" and not filtered:
+            raise not_set("filter subject")
+    elif policy == "by_start_sequence":
+        if not seq:
+            raise not_set("start sequence")
+        if at:
+            raise bad_start("time")
+    elif policy == "by_start_time":
+        if not at:
+            raise not_set("start time")
+        if seq:
+            raise bad_start("start sequence")
+
+
+def _priority(config: Mapping[str, Any]) -> PrioritySettings:
+    policy = config.get("priority_policy") or "none"
+    groups = list(config.get("priority_groups") or [])
+    timeout = int(config.get("priority_timeout") or 0)
+    if timeout < 0:
+        timeout = 0
+    if policy == "none":
+        if groups:
+            raise jetstream_error(
+                400, 10196, "consumer can not have priority groups when policy is none"
+            )
+        if timeout > 0:
+            raise jetstream_error(400, 10197, "PinnedTTL cannot be set when PriorityPolicy is none")
+        return PrioritySettings()
+    if policy == "pinned_client" and timeout == 0:
+        timeout = DEFAULT_PINNED_TTL
+    if timeout % NANOS:
+        raise unsupported(f"priority_timeout of {timeout} ns", "pin timeouts are whole seconds")
+    seconds = timeout // NANOS if policy == "pinned_client" else None
+    try:
+        return priority_settings(groups, parse_policy(policy), seconds, pull=True)
+    except PriorityConfigError as exc:
+        raise ConsumerApiError(400, exc.err_code, exc.description) from None
+
+
+def spec_of(consumer: Consumer, limits: ProcessLimits) -> ConsumerSpec:
+    """The JetStream config a broker consumer has, as CONSUMER.INFO reports it."""
+    options = consumer.options
+    priority = consumer.priority
+    if priority.active and priority.policy is PriorityPolicy.PINNED_CLIENT:
+        priority = replace(priority, timeout_seconds=priority.timeout())
+    return ConsumerSpec(
+        name=consumer.id,
+        description=options.description or "",
+        deliver_policy=options.deliver_policy or "all",
+        ack_wait=consumer.ack_wait(limits.default_ack_wait) * NANOS,
+        max_deliver=options.max_deliver
+        if options.max_deliver is not None
+        else limits.max_retry + 1,
+        backoff=tuple(v * NANOS for v in options.backoff),
+        max_waiting=options.max_waiting or limits.max_waiting,
+        max_ack_pending=consumer.max_ack_pending or -1,
+        metadata=tuple(sorted((options.metadata or {}).items())),
+        priority=priority if priority.active else PrioritySettings(),
+    )
+
+
+def check_update(current: ConsumerSpec, wanted: ConsumerSpec) -> None:
+    """checkNewConsumerConfig: what an existing consumer may not change (500 10012)."""
+    if current.deliver_policy != wanted.deliver_policy:
+        raise create_error("deliver policy can not be updated")
+    if current.ack_policy != wanted.ack_policy:
+        raise create_error("ack policy can not be updated")
+    if current.replay_policy != wanted.replay_policy:
+        raise create_error("replay policy can not be updated")
+    if current.deliver_subject != wanted.deliver_subject:
+        if not current.deliver_subject:
+            raise create_error("can not update pull consumer to push based")
+        raise create_error("can not update push consumer to pull based")
+    if current.max_waiting != wanted.max_waiting:
+        raise create_error("max waiting can not be updated")
+
+
+def column_values(spec: ConsumerSpec) -> dict[str, Any]:
+    """The consumer columns a spec sets (the HTTP API's own columns keep their meaning)."""
+    return {
+        "ack_wait_seconds": spec.ack_wait // NANOS,
+        "max_ack_pending": spec.max_ack_pending if spec.max_ack_pending > 0 else None,
+        "max_deliver": spec.max_deliver,
+        "max_waiting": spec.max_waiting,
+        "backoff": [v // NANOS for v in spec.backoff] or None,
+        "description": spec.description or None,
+        "metadata": spec.metadata_dict(),
+        "deliver_policy": spec.deliver_policy,
+        "priority_group": spec.priority.group,
+        "priority_policy": spec.priority.policy.value,
+        "priority_timeout_seconds": spec.priority.timeout_seconds,
+    }
+
+
+def required_level(spec: ConsumerSpec) -> int:
+    """setStaticConsumerMetadata: 1 for a consumer with priority groups, else 0."""
+    return 1 if spec.priority.active else 0
+
+
+def backoff_lease(backoff: tuple[int, ...], attempt: int) -> int | None:
+    """Seconds delivery `attempt` (1-based) may stay unacknowledged under a backoff, as
+    nats-server's checkPending times it: backoff[attempt - 1], the last one after that."""
+    if not backoff or attempt < 1:
+        return None
+    return backoff[min(attempt - 1, len(backoff) - 1)]

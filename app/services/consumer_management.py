@@ -1,0 +1,165 @@
+"""Consumer management over NATS (CONSUMER.CREATE / DURABLE.CREATE / DELETE / NAMES / LIST):
+a consumer made here is an ordinary pull consumer of the broker, seen and managed over HTTP
+too; deleting one is the management API's delete (AdminService), so its jobs go the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from app.domain.errors import NotFound
+from app.domain.models import MAX_FIELD_LENGTH, Consumer, ConsumerType
+from app.domain.nats_consumers import (
+    ConsumerApiError,
+    ConsumerSpec,
+    CreateRequest,
+    ProcessLimits,
+    check_config,
+    check_update,
+    column_values,
+    jetstream_error,
+    refuse_history,
+    refuse_unsupported,
+    spec_of,
+)
+from app.domain.priority import PriorityConfigError, priority_settings
+from app.services.admin import AdminService, new_token
+from app.store.bridge import BridgeStore
+from app.store.db import Database
+from app.store.stakeholders import ConsumerStore, channels
+
+
+def nameable(name: str) -> bool:
+    """Could a channel or consumer id be this (at most 255 characters, no NUL, which PostgreSQL
+    refuses): anything else is not found, without asking the database."""
+    return len(name) <= MAX_FIELD_LENGTH and "\x00" not in name
+
+
+def stream_not_found() -> ConsumerApiError:
+    return jetstream_error(404, 10059, "stream not found")
+
+
+def consumer_not_found() -> ConsumerApiError:
+    return jetstream_error(404, 10014, "consumer not found")
+
+
+def push_based(consumer: Consumer) -> ConsumerApiError:
+    return ConsumerApiError(
+        409,
+        None,
+        f"Consumer is push based: {consumer.id!r} delivers to its callback URL; "
+        "the NATS bridge serves pull consumers only",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    consumer: Consumer
+    changed: bool  # False: the consumer already had this config
+
+
+class ConsumerManagement:
+    def __init__(self, db: Database, admin: AdminService, limits: ProcessLimits) -> None:
+        self._db = db
+        self._admin = admin
+        self.limits = limits
+
+    def spec(self, consumer: Consumer) -> ConsumerSpec:
+        return spec_of(consumer, self.limits)
+
+    async def create(self, stream: str, request: CreateRequest) -> Created:
+        """Create or update a pull consumer in one transaction, as nats-server's
+        addConsumerWithAction decides (the consumer row is locked while it is compared)."""
+        if not nameable(stream):
+            raise stream_not_found()
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(stream) is None:
+                raise stream_not_found()
+            wanted = check_config(request.config)
+            store = ConsumerStore(tx)
+            existing = await store.get(stream, wanted.name, for_update=True)
+            if existing is None:
+                if request.action == "update":
+                    raise jetstream_error(400, 10149, "consumer does not exist")
+                refuse_unsupported(wanted, request.config, stream, self.limits)
+                if wanted.deliver_policy == "all" and await BridgeStore(tx).holds_messages(stream):
+                    refuse_history(wanted, stream)
+                now = datetime.now(UTC)
+                created = await store.insert(
+                    {
+                        **column_values(wanted),
+                        "channel_id": stream,
+                        "consumer_id": wanted.name,
+                        "name": wanted.name,
+                        "token": new_token(),
+                        "callback_url": "",
+                        "type": ConsumerType.PULL.value,
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                )
+                if created is None:
+                    # Another request created it between the look-up and the insert.
+                    raise jetstream_error(400, 10148, "consumer already exists")
+                tx.announce_change([created.pk])
+                return Created(created, True)
+            if existing.type is not ConsumerType.PULL:
+                raise push_based(existing)
+            current = self.spec(existing)
+            if wanted == current:
+                return Created(existing, False)
+            if request.action == "create":
+                raise jetstream_error(400, 10148, "consumer already exists")
+            check_update(current, wanted)
+            refuse_unsupported(wanted, request.config, stream, self.limits)
+            try:
+                # The broker keeps a consumer's group and policy (its pins depend on them).
+                priority_settings(
+                    wanted.priority.groups,
+                    wanted.priority.policy,
+                    wanted.priority.timeout_seconds,
+                    pull=True,
+                    existing=existing.priority,
+                )
+            except PriorityConfigError as exc:
+                raise ConsumerApiError(400, exc.err_code, exc.description) from None
+            values = column_values(wanted)
+            values["updated_at"] = datetime.now(UTC)
+            updated = await store.update(existing.pk, values)
+            tx.announce_change([updated.pk])
+            return Created(updated, True)
+
+    async def delete(self, stream: str, name: str) -> Consumer:
+        """The management API's delete, without its If-Unmodified-Since (NATS has none)."""
+        if not nameable(stream):
+            raise stream_not_found()
+        if not nameable(name):
+            raise consumer_not_found()
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(stream) is None:
+                raise stream_not_found()
+            found = await ConsumerStore(tx).get(stream, name)
+        if found is None:
+            raise consumer_not_found()
+        if found.type is not ConsumerType.PULL:
+            raise push_based(found)
+        try:
+            await self._admin.delete_consumer(stream, name, None, unconditional=True)
+        except NotFound:
+            raise consumer_not_found() from None
+        return found
+
+    async def page(self, stream: str, offset: int, limit: int) -> tuple[int, Sequence[Consumer]]:
+        if not nameable(stream):
+            raise stream_not_found()
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(stream) is None:
+                raise stream_not_found()
+            return await BridgeStore(tx).pull_consumer_page(stream, offset, limit)
+
+    async def channel_page(self, offset: int, limit: int) -> tuple[int, list[str]]:
+        async with self._db.transaction() as tx:
+            names = await BridgeStore(tx).channel_ids()
+        return len(names), names[offset : offset + limit]

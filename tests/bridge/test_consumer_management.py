@@ -1,0 +1,435 @@
+"""Consumer management over NATS: the same script of raw JetStream API requests (nats-py's
+connection) against real nats-server 2.15 JetStream and against the bridge, the same answers
+from both: create, info, names, list (paging), update (allowed and refused), delete of a
+durable; STREAM.LIST; a `-NAK` without delay redelivered at once; a backoff timing ack-wait
+redeliveries. Then what only the broker has: the consumer seen and deleted over HTTP, its jobs
+going with it, and `[nats] allow-consumer-management=false`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import Any
+
+import httpx
+import nats
+from nats.js.errors import NotFoundError
+from sqlalchemy import text
+
+from app.bridge import protocol as p
+from app.runtime import Runtime
+from tests.bridge.conftest import (
+    MAX_ACK_PENDING,
+    BridgeFactory,
+    publish_http,
+    reference_consumer,
+    uncapped_only,
+)
+from tests.helpers.natsproc import NatsServer
+from tests.helpers.waiting import eventually
+
+API = "$JS.API"
+NANOS = p.NANOS
+
+MANAGED: dict[str, Any] = {
+    "durable_name": "mgr",
+    "description": "made over NATS",
+    "ack_policy": "explicit",
+    "ack_wait": 5 * NANOS,
+    "max_deliver": 3,
+    "max_ack_pending": 10,
+    "filter_subject": "orders",
+    "metadata": {"team": "billing"},
+}
+# What is compared of a consumer's config: every field both servers set alike (max_batch and
+# max_expires are the bridge's process limits: the reference sets them equal).
+COMPARED = (
+    "durable_name",
+    "name",
+    "description",
+    "deliver_policy",
+    "ack_policy",
+    "ack_wait",
+    "max_deliver",
+    "backoff",
+    "filter_subject",
+    "replay_policy",
+    "max_waiting",
+    "max_ack_pending",
+    "metadata",
+)
+
+
+def config_seen(document: dict[str, Any]) -> dict[str, Any]:
+    config = document.get("config") or {}
+    return {k: config.get(k) for k in COMPARED}
+
+
+def error_seen(document: dict[str, Any]) -> Any:
+    return document.get("error")
+
+
+async def request(nc: Any, subject: str, body: dict[str, Any] | bytes | None = None) -> Any:
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode() if body else b""
+    reply = await nc.request(f"{API}.{subject}", payload, timeout=5)
+    return json.loads(reply.data)
+
+
+def create_body(config: dict[str, Any], action: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"stream_name": "orders", "config": config}
+    if action:
+        body["action"] = action
+    return body
+
+
+async def management_script(url: str) -> dict[str, Any]:
+    """Requests as a JetStream client sends them; what is compared of each answer."""
+    nc = await nats.connect(url)
+    r: dict[str, Any] = {}
+    try:
+        created = await request(nc, "CONSUMER.CREATE.orders.mgr.orders", create_body(MANAGED))
+        r["create"] = (created["type"], created["name"], config_seen(created))
+        r["create_again"] = config_seen(
+            await request(nc, "CONSUMER.CREATE.orders.mgr.orders", create_body(MANAGED, "create"))
+        )
+        r["info"] = config_seen(await request(nc, "CONSUMER.INFO.orders.mgr"))
+        legacy = {**MANAGED, "durable_name": "legacy"}
+        r["durable_create"] = config_seen(
+            await request(nc, "CONSUMER.DURABLE.CREATE.orders.legacy", create_body(legacy))
+        )
+        names = await request(nc, "CONSUMER.NAMES.orders")
+        r["names"] = {k: names[k] for k in ("type", "total", "offset", "limit", "consumers")}
+        second = await request(nc, "CONSUMER.NAMES.orders", {"offset": 1})
+        r["names_offset"] = (second["offset"], second["consumers"])
+        listed = await request(nc, "CONSUMER.LIST.orders")
+        r["list"] = (
+            listed["type"],
+            listed["total"],
+            listed["limit"],
+            [(c["name"], c["stream_name"]) for c in listed["consumers"]],
+        )
+        r["list_config"] = [config_seen(c) for c in listed["consumers"] if c["name"] == "mgr"]
+        r["names_nowhere"] = error_seen(await request(nc, "CONSUMER.NAMES.nowhere"))
+
+        changed = {**MANAGED, "ack_wait": 7 * NANOS, "description": "changed", "max_deliver": 5}
+        r["update"] = config_seen(
+            await request(nc, "CONSUMER.CREATE.orders.mgr.orders", create_body(changed, "update"))
+        )
+        r["update_deliver_policy"] = error_seen(
+            await request(
+                nc,
+                "CONSUMER.CREATE.orders.mgr.orders",
+                create_body({**changed, "deliver_policy": "new"}),
+            )
+        )
+        r["update_max_waiting"] = error_seen(
+            await request(
+                nc, "CONSUMER.CREATE.orders.mgr.orders", create_body({**changed, "max_waiting": 7})
+            )
+        )
+        r["create_existing"] = error_seen(
+            await request(nc, "CONSUMER.CREATE.orders.mgr.orders", create_body(MANAGED, "create"))
+        )
+        missing = {**MANAGED, "durable_name": "missing"}
+        r["update_missing"] = error_seen(
+            await request(
+                nc, "CONSUMER.CREATE.orders.missing.orders", create_body(missing, "update")
+            )
+        )
+        r["backoff_over_max_deliver"] = error_seen(
+            await request(
+                nc,
+                "CONSUMER.CREATE.orders.mgr.orders",
+                create_body({**changed, "backoff": [NANOS] * 6}),
+            )
+        )
+        r["name_mismatch"] = error_seen(
+            await request(nc, "CONSUMER.CREATE.orders.other.orders", create_body(MANAGED))
+        )
+        r["stream_mismatch"] = error_seen(
+            await request(
+                nc, "CONSUMER.CREATE.orders.mgr.orders", {"stream_name": "x", "config": MANAGED}
+            )
+        )
+        r["durable_not_set"] = error_seen(
+            await request(nc, "CONSUMER.DURABLE.CREATE.orders.legacy", create_body({}))
+        )
+        r["bad_json"] = (error_seen(await request(nc, "CONSUMER.CREATE.orders.mgr", b"{x")) or {})[
+            "err_code"
+        ]
+        r["no_stream"] = error_seen(
+            await request(
+                nc,
+                "CONSUMER.CREATE.nowhere.mgr",
+                {"stream_name": "nowhere", "config": {"durable_name": "mgr"}},
+            )
+        )
+
+        streams = await request(nc, "STREAM.LIST", {"subject": "orders"})
+        r["stream_list"] = (
+            streams["type"],
+            streams["total"],
+            [s["config"]["name"] for s in streams["streams"]],
+            [s["state"]["consumer_count"] for s in streams["streams"]],
+        )
+
+        deleted = await request(nc, "CONSUMER.DELETE.orders.mgr")
+        r["delete"] = deleted
+        r["info_after_delete"] = error_seen(await request(nc, "CONSUMER.INFO.orders.mgr"))
+        r["delete_again"] = error_seen(await request(nc, "CONSUMER.DELETE.orders.mgr"))
+        r["delete_not_empty"] = error_seen(await request(nc, "CONSUMER.DELETE.orders.legacy", b"x"))
+        await request(nc, "CONSUMER.DELETE.orders.legacy")
+        r["names_after"] = (await request(nc, "CONSUMER.NAMES.orders"))["consumers"]
+    finally:
+        await nc.close()
+    return r
+
+
+async def nak_script(url: str, publish: Any) -> dict[str, Any]:
+    """A `-NAK` without a delay comes back at once, well inside the 30 s ack wait; a backoff
+    consumer's unacknowledged delivery n comes back after backoff[n-1]."""
+    nc = await nats.connect(url)
+    r: dict[str, Any] = {}
+    try:
+        js = nc.jetstream()
+        await request(
+            nc,
+            "CONSUMER.CREATE.orders.nakker",
+            create_body({"durable_name": "nakker", "ack_policy": "explicit"}),
+        )
+        await request(
+            nc,
+            "CONSUMER.CREATE.orders.slow",
+            create_body(
+                {
+                    "durable_name": "slow",
+                    "ack_policy": "explicit",
+                    "backoff": [1 * NANOS, 3 * NANOS],
+                    "max_deliver": 4,
+                    "filter_subject": "orders",
+                }
+            ),
+        )
+        r["slow_config"] = config_seen(await request(nc, "CONSUMER.INFO.orders.slow"))
+        await publish(["n1"])
+        sub = await js.pull_subscribe_bind("nakker", "orders")
+        [first] = await sub.fetch(1, timeout=5)
+        start = time.monotonic()
+        await first.nak()
+        [again] = await sub.fetch(1, timeout=5)
+        r["nak_seconds"] = time.monotonic() - start
+        r["nak_again"] = (again.data, again.metadata.num_delivered)
+        await again.ack_sync()
+
+        slow = await js.pull_subscribe_bind("slow", "orders")
+        [one] = await slow.fetch(1, timeout=5)
+        start = time.monotonic()
+        [two] = await slow.fetch(1, timeout=5)  # after backoff[0]: 1 s
+        r["second_after"] = time.monotonic() - start
+        start = time.monotonic()
+        [three] = await slow.fetch(1, timeout=8)  # after backoff[1]: 3 s
+        r["third_after"] = time.monotonic() - start
+        r["deliveries"] = [m.metadata.num_delivered for m in (one, two, three)]
+        await three.ack_sync()
+    finally:
+        await nc.close()
+    return r
+
+
+_reference: dict[str, Any] = {}
+
+
+async def reference(server: NatsServer) -> dict[str, Any]:
+    """The scripts against real JetStream, once per session."""
+    if not _reference:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        try:
+            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
+            _reference["management"] = await management_script(server.url)
+
+            async def publish(names: list[str]) -> None:
+                for name in names:
+                    await js.publish("orders", name.encode())
+
+            _reference["nak"] = await nak_script(server.url, publish)
+        finally:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream("orders")
+            await nc.close()
+    return _reference
+
+
+@uncapped_only
+async def test_management_answers_as_jetstream(
+    jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory
+) -> None:
+    expected = (await reference(jetstream_server))["management"]
+    # The reference itself, so that a broken script cannot pass by matching nothing.
+    assert expected["create"][1] == "mgr"
+    assert expected["info"]["description"] == "made over NATS"
+    assert expected["names"]["consumers"] == ["legacy", "mgr", "workers"]
+    assert expected["update"]["ack_wait"] == 7 * NANOS
+    assert expected["update_deliver_policy"]["err_code"] == 10012
+    assert expected["create_existing"]["err_code"] == 10148
+    assert expected["update_missing"]["err_code"] == 10149
+    assert expected["delete"] == {"type": p.DELETE_TYPE, "success": True}
+    assert expected["info_after_delete"]["err_code"] == 10014
+
+    await make_bridge("client")
+    actual = await management_script(hub.url)
+    for key, value in expected.items():
+        assert actual[key] == value, key
+    assert actual.keys() == expected.keys()
+
+
+@uncapped_only
+async def test_nak_at_once_and_backoff_as_jetstream(
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+) -> None:
+    expected = (await reference(jetstream_server))["nak"]
+    assert expected["nak_again"] == (b"n1", 2)
+    assert expected["deliveries"] == [1, 2, 3]
+
+    await make_bridge("hybrid")
+
+    async def publish(names: list[str]) -> None:
+        await publish_http(client, names)
+
+    actual = await nak_script(hub.url, publish)
+    assert actual["slow_config"] == expected["slow_config"]
+    assert actual["nak_again"] == expected["nak_again"]
+    assert actual["deliveries"] == expected["deliveries"]
+    # At once: far inside the consumer's 30 s ack wait, on both.
+    assert expected["nak_seconds"] < 1.0 and actual["nak_seconds"] < 1.0, actual
+    # The backoff times each redelivery: 1 s, then 3 s (the sweep adds its few ms).
+    for key, low in (("second_after", 0.8), ("third_after", 2.7)):
+        assert low < expected[key] < low + 1.5, (key, expected[key])
+        assert low < actual[key] < low + 1.5, (key, actual[key])
+
+
+@uncapped_only
+async def test_a_consumer_made_over_nats_is_a_broker_consumer(
+    hub: NatsServer, make_bridge: BridgeFactory, client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    await make_bridge("hybrid")  # msg.metadata below
+    nc = await nats.connect(hub.url)
+    try:
+        created = await request(nc, "CONSUMER.CREATE.orders.mgr.orders", create_body(MANAGED))
+        assert "error" not in created, created
+        seen = await client.get("/channel/orders/consumer/mgr")
+        assert seen.status_code == 200, seen.text
+        assert seen.json()["Type"] == "pull"
+        await publish_http(client, ["a"])
+
+        async def jobs_of_mgr() -> int:
+            async with runtime.db.transaction() as tx:
+                rows = await tx.conn.execute(
+                    text(
+                        "SELECT count(*) FROM job JOIN consumer ON consumer.pk = job.consumer_pk "
+                        "WHERE consumer.consumer_id = 'mgr'"
+                    )
+                )
+                return int(rows.scalar_one())
+
+        assert await jobs_of_mgr() == 1
+        # max_deliver 3: a nak'd job is dead after its third delivery, not the broker's five.
+        sub = await nc.jetstream().pull_subscribe_bind("mgr", "orders")
+        for attempt in (1, 2, 3):
+            [msg] = await sub.fetch(1, timeout=5)
+            assert msg.metadata.num_delivered == attempt
+            await msg.nak()
+
+        async def dead() -> bool:
+            async with runtime.db.transaction() as tx:
+                rows = await tx.conn.execute(text("SELECT count(*) FROM job WHERE status='DEAD'"))
+                return int(rows.scalar_one()) == 1
+
+        await eventually(dead, timeout=10)
+
+        deleted = await request(nc, "CONSUMER.DELETE.orders.mgr")
+        assert deleted == {"type": p.DELETE_TYPE, "success": True}
+        assert (await client.get("/channel/orders/consumer/mgr")).status_code == 404
+        assert await jobs_of_mgr() == 0
+        # The seeded consumer, made over HTTP, is deleted over NATS as well.
+        assert (await request(nc, "CONSUMER.DELETE.orders.workers"))["success"] is True
+        assert (await client.get("/channel/orders/consumer/workers")).status_code == 404
+    finally:
+        await nc.close()
+
+
+REFUSED: dict[str, dict[str, Any]] = {
+    "ephemeral": {"ack_policy": "explicit"},
+    "push": {"durable_name": "p", "ack_policy": "explicit", "deliver_subject": "x.y"},
+    "ack_none": {"durable_name": "n", "ack_policy": "none"},
+    "deliver_last": {"durable_name": "l", "ack_policy": "explicit", "deliver_policy": "last"},
+    "sub_second_ack_wait": {"durable_name": "s", "ack_policy": "explicit", "ack_wait": NANOS // 2},
+    "other_subject": {"durable_name": "o", "ack_policy": "explicit", "filter_subject": "x"},
+    "headers_only": {"durable_name": "h", "ack_policy": "explicit", "headers_only": True},
+}
+REFUSED_WORDS = {
+    "ephemeral": "ephemeral consumers",
+    "push": "deliver_subject",
+    "ack_none": "ack_policy none",
+    "deliver_last": "deliver_policy last",
+    "sub_second_ack_wait": "ack_wait",
+    "other_subject": "filter_subject x",
+    "headers_only": "headers_only",
+}
+
+
+@uncapped_only
+async def test_what_the_broker_cannot_honour_is_refused_by_name(
+    hub: NatsServer, make_bridge: BridgeFactory, client: httpx.AsyncClient
+) -> None:
+    await make_bridge("client")
+    nc = await nats.connect(hub.url)
+    try:
+        for key, config in REFUSED.items():
+            name = config.get("durable_name")
+            subject = f"CONSUMER.CREATE.orders.{name}" if name else "CONSUMER.CREATE.orders"
+            answer = await request(nc, subject, create_body(config))
+            error = answer["error"]
+            assert error["code"] == 400, (key, error)
+            assert REFUSED_WORDS[key] in error["description"], (key, error)
+        # deliver_policy all on a channel with messages: the consumer would miss them.
+        await publish_http(client, ["old"])
+        answer = await request(
+            nc,
+            "CONSUMER.CREATE.orders.late",
+            create_body({"durable_name": "late", "ack_policy": "explicit"}),
+        )
+        assert "deliver_policy all" in answer["error"]["description"], answer
+        answer = await request(
+            nc,
+            "CONSUMER.CREATE.orders.late",
+            create_body(
+                {"durable_name": "late", "ack_policy": "explicit", "deliver_policy": "new"}
+            ),
+        )
+        assert "error" not in answer and answer["config"]["deliver_policy"] == "new", answer
+    finally:
+        await nc.close()
+
+
+@uncapped_only
+async def test_management_can_be_turned_off(
+    hub: NatsServer, make_bridge: BridgeFactory, client: httpx.AsyncClient
+) -> None:
+    await make_bridge("client", allow_consumer_management=False)  # type: ignore[arg-type]
+    nc = await nats.connect(hub.url)
+    try:
+        answer = await request(nc, "CONSUMER.CREATE.orders.mgr.orders", create_body(MANAGED))
+        assert "allow-consumer-management" in answer["error"]["description"], answer
+        answer = await request(nc, "CONSUMER.DELETE.orders.workers")
+        assert "allow-consumer-management" in answer["error"]["description"], answer
+        assert (await client.get("/channel/orders/consumer/mgr")).status_code == 404
+        assert (await client.get("/channel/orders/consumer/workers")).status_code == 200
+        # Listing still answers.
+        assert (await request(nc, "CONSUMER.NAMES.orders"))["consumers"] == ["workers"]
+    finally:
+        await nc.close()
