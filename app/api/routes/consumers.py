@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api import views
+from app.api import schemas, views
 from app.api.deps import AdminDep, ChannelReaderDep, CursorDep, FormDep, RuntimeDep
+from app.api.openapi import CHANGE, CHANNEL, CURSOR, DATABASE, FORM, answer, errors, form_body
 from app.api.responses import JSONResponse
 from app.api.routes.stakeholders import UnmodifiedSince
 from app.domain.models import Consumer
@@ -25,7 +26,15 @@ async def _one(rt: RuntimeDep, item: Consumer, *, with_token: bool = False) -> J
     return JSONResponse(body, headers={"Last-Modified": http_date(item.updated_at)})
 
 
-@router.put("/channel/{channel_id}/consumer/{consumer_id}")
+@router.put(
+    "/channel/{channel_id}/consumer/{consumer_id}",
+    response_model=schemas.Consumer,
+    responses={
+        200: answer("created or changed", "Last-Modified"),
+        **errors(FORM, CHANGE, CHANNEL, DATABASE),
+    },
+    openapi_extra=form_body(schemas.ConsumerForm),
+)
 async def put_consumer(
     channel_id: str,
     consumer_id: str,
@@ -54,14 +63,29 @@ async def put_consumer(
     return await _one(rt, item, with_token=True)
 
 
-@router.get("/channel/{channel_id}/consumer/{consumer_id}")
+@router.get(
+    "/channel/{channel_id}/consumer/{consumer_id}",
+    response_model=schemas.Consumer,
+    responses={
+        200: answer("the consumer", "Last-Modified"),
+        **errors({404: "no such channel or consumer"}, DATABASE),
+    },
+)
 async def get_consumer(
     channel_id: str, consumer_id: str, rt: RuntimeDep, _read: ChannelReaderDep
 ) -> JSONResponse:
     return await _one(rt, await rt.admin.get_consumer(channel_id, consumer_id))
 
 
-@router.delete("/channel/{channel_id}/consumer/{consumer_id}", status_code=204)
+@router.delete(
+    "/channel/{channel_id}/consumer/{consumer_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: answer("deleted, with its jobs"),
+        **errors(CHANGE, {404: "no such channel or consumer"}, DATABASE),
+    },
+)
 async def delete_consumer(
     channel_id: str, consumer_id: str, rt: RuntimeDep, _: AdminDep, since: UnmodifiedSince = None
 ) -> Response:
@@ -69,7 +93,11 @@ async def delete_consumer(
     return Response(status_code=204)
 
 
-@router.get("/channel/{channel_id}/consumers")
+@router.get(
+    "/channel/{channel_id}/consumers",
+    response_model=schemas.Links,
+    responses={200: answer("a page of consumer links"), **errors(CURSOR, CHANNEL, DATABASE)},
+)
 async def list_consumers(
     channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep, cursor: CursorDep
 ) -> JSONResponse:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from app.api import views
-from app.api.body import MAX_INT32, body_after_credentials, json_object, whole_number
+from app.api import schemas, views
+from app.api.body import body_after_credentials, request_body
 from app.api.deps import (
     FORM_CONTENT_TYPE,
     CredentialsDep,
@@ -13,9 +13,21 @@ from app.api.deps import (
     RuntimeDep,
     urlencoded_form,
 )
+from app.api.openapi import (
+    CONSUMER,
+    CURSOR,
+    DATABASE,
+    JOB_PATH,
+    JSON_BODY,
+    LIMIT,
+    PULL_ONLY,
+    answer,
+    errors,
+    form_body,
+    json_body,
+)
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
-from app.domain.jobs import JobStatus, parse_next_state
 from app.domain.pulls import ConsumerCredentials
 
 router = APIRouter(tags=["pull (seed spec)"])
@@ -40,7 +52,14 @@ def _base(creds: ConsumerCredentials) -> str:
     return views.consumer_path(creds.channel_id, creds.consumer_id)
 
 
-@router.get("/channel/{channel_id}/consumer/{consumer_id}/queued-jobs")
+@router.get(
+    "/channel/{channel_id}/consumer/{consumer_id}/queued-jobs",
+    response_model=schemas.QueuedJobs,
+    responses={
+        200: answer("due QUEUED jobs, highest priority first"),
+        **errors(LIMIT, CURSOR, CONSUMER, PULL_ONLY, DATABASE),
+    },
+)
 async def queued_jobs(
     creds: CredentialsDep, rt: RuntimeDep, cursor: CursorDep, limit: str | None = None
 ) -> JSONResponse:
@@ -52,27 +71,44 @@ async def queued_jobs(
     return JSONResponse({"Result": [views.queued_job(j) for j in page.items], "Pages": pages})
 
 
-@router.post("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}", status_code=202)
+@router.post(
+    "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}",
+    status_code=202,
+    response_class=Response,
+    responses={
+        202: answer("moved, or already in that state"),
+        **errors(
+            JSON_BODY,
+            {400: "a move the state machine does not allow, or another worker moved the job"},
+            JOB_PATH,
+            CONSUMER,
+            PULL_ONLY,
+            {409: "INFLIGHT past maxAckPending, or on a consumer with a priority policy"},
+            DATABASE,
+        ),
+    },
+    openapi_extra=json_body(schemas.NextStateBody, required=True),
+)
 async def set_job_state(
     job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Request
 ) -> Response:
 
-    async def parse() -> tuple[JobStatus, int | None]:
-        body = await json_object(request)
-        target = parse_next_state(body.get("NextState"))
-        raw = body.get("IncrementalTimeout")
-        if raw is None:
-            return target, None
-        return target, whole_number(raw, "IncrementalTimeout", maximum=MAX_INT32)
+    async def parse() -> schemas.NextStateBody:
+        return schemas.parse(schemas.NextStateBody, await request_body(request))
 
-    target, timeout = await body_after_credentials(
-        request, parse, lambda: rt.pulls.authenticate(creds)
-    )
-    await rt.seed_jobs.set_state(creds, job_id, target, timeout)
+    body = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
+    await rt.seed_jobs.set_state(creds, job_id, body.NextState, body.IncrementalTimeout)
     return Response(status_code=202)
 
 
-@router.get("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}")
+@router.get(
+    "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}",
+    response_model=schemas.Job,
+    responses={
+        200: answer("the job and its message"),
+        **errors(JOB_PATH, CONSUMER, DATABASE),
+    },
+)
 async def get_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
     claimed = await rt.seed_jobs.get_job(creds, job_id)
     base = _base(creds)
@@ -88,20 +124,38 @@ async def get_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> JSONRes
 
 
 @router.post(
-    "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/requeue-dead-job", status_code=202
+    "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/requeue-dead-job",
+    status_code=202,
+    response_class=Response,
+    responses={
+        202: answer("queued again"),
+        **errors({400: "the job is not DEAD"}, JOB_PATH, CONSUMER, DATABASE),
+    },
 )
 async def requeue_dead_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> Response:
     await rt.seed_jobs.requeue_dead_job(creds, job_id)
     return Response(status_code=202)
 
 
-@router.delete("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}", status_code=204)
+@router.delete(
+    "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: answer("deleted"),
+        **errors({400: "the job is not DEAD"}, JOB_PATH, CONSUMER, DATABASE),
+    },
+)
 async def delete_dead_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) -> Response:
     await rt.seed_jobs.delete_dead_job(creds, job_id)
     return Response(status_code=204)
 
 
-@router.get("/channel/{channel_id}/consumer/{consumer_id}/dlq")
+@router.get(
+    "/channel/{channel_id}/consumer/{consumer_id}/dlq",
+    response_model=schemas.DeadJobs,
+    responses={200: answer("a page of dead jobs"), **errors(LIMIT, CURSOR, CONSUMER, DATABASE)},
+)
 async def dead_letters(
     creds: CredentialsDep, rt: RuntimeDep, cursor: CursorDep, limit: str | None = None
 ) -> JSONResponse:
@@ -120,13 +174,31 @@ async def dead_letters(
     return JSONResponse({"DeadJobs": dead, "Pages": pages})
 
 
-@router.delete("/channel/{channel_id}/consumer/{consumer_id}/dlq")
+@router.delete(
+    "/channel/{channel_id}/consumer/{consumer_id}/dlq",
+    response_model=schemas.Deleted,
+    responses={200: answer("every dead job deleted"), **errors(CONSUMER, DATABASE)},
+)
 async def purge_dead(creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
     """Every dead job of the consumer deleted (the Go original's answer)."""
     return JSONResponse({"deletedCount": await rt.seed_jobs.purge_dead(creds)})
 
 
-@router.post("/channel/{channel_id}/consumer/{consumer_id}/dlq", status_code=202)
+@router.post(
+    "/channel/{channel_id}/consumer/{consumer_id}/dlq",
+    status_code=202,
+    response_model=schemas.Requeued,
+    responses={
+        202: answer("every dead job queued again"),
+        **errors(
+            CONSUMER,
+            {400: "`requeue` form param must match consumer token"},
+            {404: "(the form) no such channel or consumer"},
+            DATABASE,
+        ),
+    },
+    openapi_extra=form_body(schemas.DlqForm, required=False),
+)
 async def requeue_all_dead(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
     """Every dead job of the consumer queued again: with the token headers, or the Go
     original's form `requeue=<consumer token>`."""

@@ -8,10 +8,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
-from app.api import views
+from app.api import schemas, views
 from app.api.body import request_body
 from app.api.deps import ChannelReaderDep, CursorDep, RuntimeDep
 from app.api.limits import already_buffered
+from app.api.openapi import CHANNEL, CURSOR, DATABASE, PRODUCER, answer, errors, header
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput, NotFound
 from app.services.publishing import Broadcast
@@ -19,7 +20,54 @@ from app.services.publishing import Broadcast
 router = APIRouter(tags=["messages"])
 
 
-@router.post("/channel/{channel_id}/broadcast", status_code=201)
+@router.post(
+    "/channel/{channel_id}/broadcast",
+    status_code=201,
+    response_class=Response,
+    responses={
+        201: answer("stored with its jobs", "Location"),
+        **errors(
+            PRODUCER,
+            {
+                400: "an empty body, a bad priority, message id, content type,"
+                " metadata header name or X-Broker-Scheduled-For",
+                409: "the message id was published before",
+                412: "X-Broker-Scheduled-For is less than the minimum delay ahead",
+                413: "the body is over [broker] max-message-size-bytes",
+            },
+            DATABASE,
+        ),
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "the payload, kept as it is with its Content-Type",
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+        },
+        # Read by hand (app/services/publishing.py checks them), not parsed for every publish.
+        "parameters": [
+            header("X-Broker-Channel-Token", "the channel's token"),
+            header("X-Broker-Producer-ID", "the publishing producer"),
+            header("X-Broker-Producer-Token", "the producer's token"),
+            header(
+                "X-Broker-Message-ID",
+                "an idempotency key per channel",
+                {"type": "string", "maxLength": 255},
+            ),
+            header(
+                "X-Broker-Message-Priority",
+                "higher is delivered first; its absolute value is kept",
+                {"type": "string", "pattern": "^-?[0-9]{1,10}$"},
+            ),
+            header("X-Broker-Metadata-Headers", "comma-separated request headers to keep"),
+            header(
+                "X-Broker-Scheduled-For",
+                "RFC 3339 with an offset: due then",
+                {"type": "string", "format": "date-time"},
+            ),
+        ],
+    },
+)
 async def broadcast(channel_id: str, request: Request, rt: RuntimeDep) -> Response:
     headers = request.headers
     sent = Broadcast(
@@ -73,7 +121,16 @@ def status_filter(given: list[str] | None, known: dict[str, bool]) -> bool | Non
     return wanted.pop() if len(wanted) == 1 else None
 
 
-@router.get("/channel/{channel_id}/scheduled-messages")
+@router.get(
+    "/channel/{channel_id}/scheduled-messages",
+    response_model=schemas.ScheduledLinks,
+    responses={
+        200: answer("a page of scheduled message links"),
+        **errors(
+            CURSOR, {400: "status is not SCHEDULED, DISPATCHED, 101 or 102"}, CHANNEL, DATABASE
+        ),
+    },
+)
 async def list_scheduled_messages(
     channel_id: str,
     rt: RuntimeDep,
@@ -89,7 +146,19 @@ async def list_scheduled_messages(
     return JSONResponse({"result": listed["Result"], "pages": listed["Pages"]})
 
 
-@router.delete("/channel/{channel_id}/scheduled-message/{message_id:path}", status_code=204)
+@router.delete(
+    "/channel/{channel_id}/scheduled-message/{message_id:path}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: answer("cancelled, with its jobs"),
+        **errors(
+            PRODUCER,
+            {404: "no such scheduled message", 409: "its time has come: it is dispatched"},
+            DATABASE,
+        ),
+    },
+)
 async def cancel_scheduled_message(
     channel_id: str,
     message_id: str,
@@ -105,7 +174,14 @@ async def cancel_scheduled_message(
     return Response(status_code=204)
 
 
-@router.get("/channel/{channel_id}/scheduled-message/{message_id:path}")
+@router.get(
+    "/channel/{channel_id}/scheduled-message/{message_id:path}",
+    response_model=schemas.ScheduledMessage,
+    responses={
+        200: answer("the scheduled message"),
+        **errors({404: "no such message, or it was not scheduled"}, DATABASE),
+    },
+)
 async def get_scheduled_message(
     channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep
 ) -> JSONResponse:
@@ -116,7 +192,16 @@ async def get_scheduled_message(
     return JSONResponse(views.scheduled_message(message, datetime.now(UTC)))
 
 
-@router.get("/channel/{channel_id}/messages")
+@router.get(
+    "/channel/{channel_id}/messages",
+    response_model=schemas.Links,
+    responses={
+        200: answer("a page of message links, newest first"),
+        **errors(
+            CURSOR, {400: "status is not ACKNOWLEDGED, DISPATCHED, 101 or 102"}, CHANNEL, DATABASE
+        ),
+    },
+)
 async def list_messages(
     channel_id: str,
     rt: RuntimeDep,
@@ -132,7 +217,14 @@ async def list_messages(
 
 
 # Message ids come from a header and may contain '/': the last parameter takes the rest.
-@router.get("/channel/{channel_id}/message/{message_id:path}")
+@router.get(
+    "/channel/{channel_id}/message/{message_id:path}",
+    response_model=schemas.Message,
+    responses={
+        200: answer("the message and its jobs"),
+        **errors({404: "no such message in the channel"}, DATABASE),
+    },
+)
 async def get_message(
     channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep
 ) -> JSONResponse:
@@ -140,7 +232,11 @@ async def get_message(
     return JSONResponse(views.message(message, jobs))
 
 
-@router.get("/channel/{channel_id}/messages-status")
+@router.get(
+    "/channel/{channel_id}/messages-status",
+    response_model=schemas.MessagesStatus,
+    responses={200: answer("job counts by status"), **errors(CHANNEL, DATABASE)},
+)
 async def messages_status(channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep) -> JSONResponse:
     counts = await rt.messages.status_counts(channel_id)
     return JSONResponse(

@@ -6,114 +6,51 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from app.api import views
-from app.api.body import (
-    MAX_ID,
-    MAX_INT32,
-    body_after_credentials,
-    job_id,
-    json_object,
-    optional_str,
-    seconds,
-    whole_number,
-)
+from app.api import schemas, views
+from app.api.body import body_after_credentials, request_body
 from app.api.deps import CredentialsDep, RuntimeDep
+from app.api.openapi import (
+    CONSUMER,
+    DATABASE,
+    JOB_PATH,
+    JSON_BODY,
+    PULL_ONLY,
+    answer,
+    component,
+    errors,
+    json_body,
+)
 from app.api.responses import JSONResponse, NdjsonStream
-from app.domain.errors import InvalidInput
 from app.domain.jobs import AckType
 from app.domain.priority import PullPriority
 from app.domain.pulls import AckItem, AckResult, PullRequest
 
 router = APIRouter(tags=["pull"])
 
-# The priority group fields are JetStream's, with its names (app/domain/priority.py).
-PRIORITY_FIELDS = {"group", "min_pending", "min_ack_pending", "id", "priority"}
-PULL_FIELDS = {
-    "batch",
-    "max_bytes",
-    "expires",
-    "no_wait",
-    "incremental_timeout",
-    "stream",
-    "idle_heartbeat",
-    *PRIORITY_FIELDS,
-}
-ACK_FIELDS = {"id", "type", "attempt", "delay", "reason", "counted"}
 
-
-DEFAULT_EXPIRES = 30.0
-
-
-def parse_pull(body: dict[str, Any], max_expires: float = DEFAULT_EXPIRES) -> PullRequest:
-    """The pull body; without "expires", wait 30 s or max-expires-seconds if that is lower."""
-    unknown = set(body) - PULL_FIELDS
-    if unknown:
-        raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
-    no_wait = body.get("no_wait", False)
-    if not isinstance(no_wait, bool):
-        raise InvalidInput("no_wait must be true or false")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidInput("stream must be true or false")
-    heartbeat = body.get("idle_heartbeat")
-    if heartbeat is not None and not stream:
-        raise InvalidInput("idle_heartbeat is only allowed with stream true")
-    max_bytes = body.get("max_bytes")
+def to_pull_request(body: schemas.PullBody, max_expires: float) -> PullRequest:
+    """Without "expires", wait 30 s or max-expires-seconds if that is lower."""
+    expires = body.expires if "expires" in body.model_fields_set else min(body.expires, max_expires)
     return PullRequest(
-        batch=whole_number(body.get("batch", 1), "batch", minimum=1),
-        max_bytes=None
-        if max_bytes is None
-        else whole_number(max_bytes, "max_bytes", minimum=1, maximum=MAX_ID),
-        expires=seconds(body.get("expires", min(DEFAULT_EXPIRES, max_expires)), "expires"),
-        no_wait=no_wait,
-        incremental_timeout=whole_number(
-            body.get("incremental_timeout", 0), "incremental_timeout", maximum=MAX_INT32
-        ),
+        batch=body.batch,
+        max_bytes=body.max_bytes,
+        expires=expires,
+        no_wait=body.no_wait,
+        incremental_timeout=body.incremental_timeout,
         terms=PullPriority(
-            group=optional_str(body.get("group"), "group") or None,
-            min_pending=whole_number(body.get("min_pending", 0), "min_pending", maximum=MAX_ID),
-            min_ack_pending=whole_number(
-                body.get("min_ack_pending", 0), "min_ack_pending", maximum=MAX_ID
-            ),
-            pin_id=optional_str(body.get("id"), "id") or None,
-            priority=whole_number(
-                body.get("priority", 0), "priority", minimum=-MAX_INT32, maximum=MAX_INT32
-            ),
+            group=body.group or None,
+            min_pending=body.min_pending,
+            min_ack_pending=body.min_ack_pending,
+            pin_id=body.id or None,
+            priority=body.priority,
         ),
-        stream=stream,
-        idle_heartbeat=None if heartbeat is None else seconds(heartbeat, "idle_heartbeat"),
+        stream=body.stream,
+        idle_heartbeat=body.idle_heartbeat,
     )
 
 
-def parse_ack(body: dict[str, Any], given_id: int | None = None) -> AckItem:
-    unknown = set(body) - ACK_FIELDS
-    if unknown:
-        raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
-    raw_type = body.get("type", "ack")
-    try:
-        kind = AckType(raw_type)
-    except ValueError:
-        raise InvalidInput(f"type must be ack, nak, term or progress, not {raw_type!r}") from None
-    jid = job_id(body.get("id")) if given_id is None else given_id
-    attempt = body.get("attempt")
-    delay = body.get("delay")
-    if delay is not None and kind is not AckType.NAK:
-        raise InvalidInput("delay is only allowed with type nak")
-    counted = body.get("counted", True)
-    if not isinstance(counted, bool):
-        raise InvalidInput("counted must be true or false")
-    if not counted and kind is not AckType.NAK:
-        raise InvalidInput("counted is only allowed with type nak")
-    return AckItem(
-        id=jid,
-        type=kind,
-        attempt=None
-        if attempt is None
-        else whole_number(attempt, "attempt", minimum=1, maximum=MAX_INT32),
-        delay=None if delay is None else seconds(delay, "delay"),
-        reason=optional_str(body.get("reason"), "reason"),
-        counted=counted,
-    )
+def ack_item(body: schemas.AckFields, job_id: int) -> AckItem:
+    return AckItem(job_id, body.type, body.attempt, body.delay, body.reason, body.counted)
 
 
 # What became of each ack in a batch, as the status a single ack would answer with.
@@ -127,12 +64,37 @@ ACK_STATUS = {
 }
 
 
-@router.post("/channel/{channel_id}/consumer/{consumer_id}/pull")
+@router.post(
+    "/channel/{channel_id}/consumer/{consumer_id}/pull",
+    response_model=schemas.Pulled,
+    responses={
+        200: {
+            **answer("the jobs claimed (none when expires passed); a stream's lines as they come"),
+            "content": {
+                "application/x-ndjson": {
+                    "schema": component("StreamLine", schemas.StreamLine, "serialization")
+                }
+            },
+        },
+        **errors(
+            JSON_BODY,
+            {400: "limits ([pull] max-batch ...) or priority terms the consumer refuses"},
+            CONSUMER,
+            PULL_ONLY,
+            {
+                409: "[pull] max-waiting pulls already wait on the consumer",
+                423: "the pin id is not (or no longer) the group's pin",
+            },
+            DATABASE,
+        ),
+    },
+    openapi_extra=json_body(schemas.PullBody, required=False),
+)
 async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Response:
 
     async def parse() -> PullRequest:
-        body = await json_object(request, empty_ok=True)
-        return parse_pull(body, rt.config.pull.max_expires_seconds)
+        body = schemas.parse(schemas.PullBody, await request_body(request), empty_ok=True)
+        return to_pull_request(body, rt.config.pull.max_expires_seconds)
 
     pull_request = await body_after_credentials(
         request, parse, lambda: rt.pulls.authenticate(creds)
@@ -149,36 +111,66 @@ async def pull(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Respo
     return JSONResponse(body)
 
 
-@router.get("/channel/{channel_id}/consumer/{consumer_id}/info")
+@router.get(
+    "/channel/{channel_id}/consumer/{consumer_id}/info",
+    response_model=schemas.ConsumerInfo,
+    responses={200: answer("the consumer's figures"), **errors(CONSUMER, PULL_ONLY, DATABASE)},
+)
 async def info(creds: CredentialsDep, rt: RuntimeDep) -> JSONResponse:
     """The figures the bridge's CONSUMER.INFO gives, for an HTTP client."""
     return JSONResponse(views.consumer_info(await rt.pulls.info(creds)))
 
 
-@router.post("/channel/{channel_id}/consumer/{consumer_id}/unpin")
+@router.post(
+    "/channel/{channel_id}/consumer/{consumer_id}/unpin",
+    response_model=schemas.Unpinned,
+    responses={
+        200: answer("the pin is cleared (Unpinned: whether one was held)"),
+        **errors(
+            JSON_BODY,
+            {400: "no group, or not the consumer's group"},
+            CONSUMER,
+            PULL_ONLY,
+            DATABASE,
+        ),
+    },
+    openapi_extra=json_body(schemas.UnpinBody, required=True),
+)
 async def unpin(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
     """Clear the pin of a pinned_client consumer's group: its next job goes to a standby."""
 
     async def parse() -> str:
-        body = await json_object(request)
-        unknown = set(body) - {"group"}
-        if unknown:
-            raise InvalidInput(f"unknown field {sorted(unknown)[0]!r}")
-        group = optional_str(body.get("group"), "group")
-        if not group:
-            raise InvalidInput("group is required")
-        return group
+        return schemas.parse(schemas.UnpinBody, await request_body(request)).group
 
     group = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
     unpinned = await rt.pins.unpin_as(creds, group)
     return JSONResponse({"Group": group, "Unpinned": unpinned})
 
 
-@router.post("/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/ack")
+@router.post(
+    "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/ack",
+    response_model=schemas.Lease,
+    responses={
+        200: answer("progress: the lease is extended"),
+        202: answer("acked, naked or termed"),
+        **errors(
+            JSON_BODY,
+            JOB_PATH,
+            CONSUMER,
+            PULL_ONLY,
+            {409: "the job is not in flight, or the attempt is stale"},
+            DATABASE,
+        ),
+    },
+    openapi_extra=json_body(schemas.AckBody, required=False),
+)
 async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Request) -> Response:
 
     async def parse() -> AckItem:
-        return parse_ack(await json_object(request, empty_ok=True), given_id=0)
+        # The path names the job: the service reads it from there.
+        return ack_item(
+            schemas.parse(schemas.AckBody, await request_body(request), empty_ok=True), 0
+        )
 
     item = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
     outcome = await rt.acks.ack(creds, job_id, item)
@@ -187,14 +179,26 @@ async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Reque
     return Response(status_code=202)
 
 
-@router.post("/channel/{channel_id}/consumer/{consumer_id}/ack")
+@router.post(
+    "/channel/{channel_id}/consumer/{consumer_id}/ack",
+    response_model=schemas.AckResults,
+    responses={
+        200: answer("one result per item, in order"),
+        **errors(
+            JSON_BODY,
+            {400: "more than [pull] max-batch acks"},
+            CONSUMER,
+            PULL_ONLY,
+            DATABASE,
+        ),
+    },
+    openapi_extra=json_body(schemas.AcksBody, required=True),
+)
 async def ack_many(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
 
     async def parse() -> list[AckItem]:
-        acks = (await json_object(request)).get("acks")
-        if not isinstance(acks, list) or not all(isinstance(a, dict) for a in acks):
-            raise InvalidInput("acks must be a list of objects")
-        return [parse_ack(a) for a in acks]
+        body = schemas.parse(schemas.AcksBody, await request_body(request))
+        return [ack_item(item, item.id) for item in body.acks]
 
     items = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
     outcomes = await rt.acks.ack_many(creds, items)
