@@ -63,7 +63,7 @@ async def test_consume_never_holds_more_than_max_messages(setup: Setup) -> None:
     # New messages keep arriving while it consumes.
     for start in range(0, 300, 50):
         await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(start, start + 50)])
-        await asyncio.sleep(0.05)
+        await eventually(lambda: len(handled) > start, 30, what="handling under way")  # noqa: B023
     await asyncio.wait_for(all_done.wait(), 60)
     await context.stop()
     assert sorted(handled) == sorted(f"m{n}" for n in range(300))
@@ -142,9 +142,15 @@ async def test_stop_hands_back_what_no_handler_started(setup: Setup) -> None:
 
     context = setup.consumer.consume(handle, max_messages=30, concurrency=1)
     await asyncio.wait_for(started.wait(), 10)
-    await asyncio.sleep(0.3)  # the buffer fills up behind the one running handler
+
+    async def in_flight(count: int) -> bool:
+        info = await setup.consumer.info()
+        assert info.ack_pending == count, info
+        return True
+
+    await eventually(lambda: in_flight(30), what="the buffer filled behind the running handler")
     stopping = asyncio.create_task(context.stop())
-    await asyncio.sleep(0.1)
+    await eventually(lambda: in_flight(1), what="the 29 buffered jobs handed back")
     release.set()  # the running handler finishes (and its job is acked)
     await asyncio.wait_for(stopping, 20)
     assert len(handled) == 1
