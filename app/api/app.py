@@ -16,6 +16,7 @@ from app.api.openapi import install_openapi, operation_id
 from app.api.requests import RequestIds
 from app.api.routes import consumers, jobs, messages, pull, redrives, stakeholders, status
 from app.config import Config
+from app.ui import install_console
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def create_app(
     install_openapi(app, config)
     for module in (status, stakeholders, consumers, messages, jobs, pull, redrives):
         app.include_router(module.router)
+    if runtime is not None:
+        install_console(app, config)  # /ui: the operator console (docs/console.md)
     if config.gateway_auth.enabled:
         app.add_middleware(GatewayHmac, config=config)
     # Outside the gateway: its refusals leave bodies unread too.

@@ -1,0 +1,280 @@
+"""The console in a real browser (pytest-playwright, Debian's Chromium) against a live broker
+process on PostgreSQL, with real pull workers (the client library) in a thread of their own.
+
+Set WEBHOOK_BROKER_SCREENSHOTS=1 to write the docs' screenshots (docs/img/console-*.png)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from webhook_broker_client import Broker
+
+from tests.conftest import fresh_database
+from tests.helpers.processes import BrokerProcess
+from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
+
+ADMIN = "console-admin-token"
+READER = "console-reader-token"
+TOKEN = "channel-token"
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+WAIT_MS = 30_000
+
+T = TypeVar("T")
+
+expect.set_options(timeout=WAIT_MS)
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    """An async step in a thread of its own: Playwright's sync API keeps an event loop
+    running in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """The module's own browser, not pytest-playwright's session one: Playwright's sync API
+    keeps an event loop running in this thread while it lives, and the async tests that run
+    after this module need the thread's loop back."""
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def broker(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    request.getfixturevalue("pg_template")
+    section = fresh_database("postgresql", request.getfixturevalue("pg_base_url"), None)
+    config = tmp_path_factory.mktemp("console") / "broker.cfg"
+    config.write_text(section + f"[http]\nadmin-token={ADMIN}\nreader-token={READER}\n")
+    process = BrokerProcess(config)
+    process.start()
+
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=process.url, headers=auth) as http:
+        assert http.put("/producer/web", data={"token": "web-token"}).status_code == 200
+        # A channel each, so that one test's messages are no other's jobs.
+        for name in ("billing", "fulfil", "replay"):
+            assert http.put(f"/channel/{name}", data={"token": TOKEN}).status_code == 200
+            form = {"token": f"{name}-token", "type": "pull", "ackWait": "60"}
+            r = http.put(f"/channel/{name}/consumer/{name}", data=form)
+            assert r.status_code == 200, r.text
+    try:
+        yield process.url
+    finally:
+        process.stop()
+
+
+def _broker(url: str) -> Broker:
+    return Broker(
+        url,
+        admin_token=ADMIN,
+        producer_id="web",
+        producer_token="web-token",
+        channel_tokens={name: TOKEN for name in ("billing", "fulfil", "replay")},
+    )
+
+
+def publish(url: str, channel: str, payloads: list[Any], prefix: str) -> None:
+    async def go() -> None:
+        async with _broker(url) as b:
+            for n, payload in enumerate(payloads):
+                await b.publish(channel, payload, message_id=f"{prefix}-{n}")
+
+    run(go)
+
+
+def kill_all(url: str, consumer: str, count: int, reason: str) -> None:
+    """A worker that fails every job it takes, for good (DEAD)."""
+
+    async def go() -> None:
+        async with _broker(url) as b:
+            worker = b.consumer(consumer, consumer, consumer_token=f"{consumer}-token")
+            left = count
+            while left:
+                for job in await worker.fetch(min(left, 50), expires=5):
+                    await job.term(reason)
+                    left -= 1
+
+    run(go)
+
+
+class SlowWorker:
+    """A worker acking one job at a time until stopped, so that depth falls while a page
+    watches (its pause lets time pass on purpose: the page must see the fall, not its end)."""
+
+    def __init__(self, url: str, consumer: str) -> None:
+        self.url, self.consumer = url, consumer
+        self.stopping = threading.Event()
+        self.acked = 0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        async with _broker(self.url) as b:
+            worker = b.consumer(
+                self.consumer, self.consumer, consumer_token=f"{self.consumer}-token"
+            )
+            while not self.stopping.is_set():
+                for job in await worker.fetch(1, expires=1):
+                    await job.ack()
+                    self.acked += 1
+                await asyncio.sleep(0.4)
+
+    def __enter__(self) -> SlowWorker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=30)
+
+
+def signed_in(browser: Browser, url: str, token: str) -> Page:
+    context = browser.new_context(base_url=url, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    elsewhere: list[str] = []
+    page.on(
+        "request",
+        lambda r: elsewhere.append(r.url) if not r.url.startswith((url, "data:")) else None,
+    )
+    page.goto("/ui/")
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+    expect(page.locator("h1")).to_have_text("Overview")
+    page.elsewhere = elsewhere  # type: ignore[attr-defined]
+    return page
+
+
+def shot(page: Page, name: str) -> None:
+    if os.environ.get("WEBHOOK_BROKER_SCREENSHOTS"):
+        DOCS_IMG.mkdir(exist_ok=True)
+        page.screenshot(path=str(DOCS_IMG / f"console-{name}.png"), full_page=True)
+
+
+def queued_cell(page: Page, consumer: str) -> Any:
+    return page.locator(f'tr[data-key="{consumer}/{consumer}"] td[data-metric="queued"]')
+
+
+def test_depth_falls_on_the_overview_while_a_worker_pulls(broker: str, browser: Browser) -> None:
+    publish(broker, "billing", [{"n": n} for n in range(40)], "depth")
+    page = signed_in(browser, broker, ADMIN)
+    cell = queued_cell(page, "billing")
+    expect(cell).to_have_text("40")
+    page.evaluate("window.__notReloaded = true")
+    with SlowWorker(broker, "billing") as worker:
+        expect(cell).not_to_have_text("40")
+        first = int(cell.inner_text())
+        expect(cell).not_to_have_text(str(first))
+        assert int(cell.inner_text()) < first
+        assert worker.acked > 0
+    assert page.evaluate("window.__notReloaded") is True
+    assert page.elsewhere == []  # type: ignore[attr-defined]
+    shot(page, "overview")
+
+
+def test_a_dead_job_found_by_its_payload_inspected_requeued_and_delivered(
+    broker: str, browser: Browser
+) -> None:
+    publish(broker, "fulfil", [{"order": {"id": f"o-{n}"}, "total": n} for n in range(12)], "order")
+    kill_all(broker, "fulfil", 12, "card declined")
+    page = signed_in(browser, broker, ADMIN)
+    page.click('a[href="/ui/c/fulfil/fulfil"]')
+    page.select_option("#status", "DEAD")
+    page.fill("#payload", "order.id=o-7")
+    page.click("form.filter button[type=submit]")
+    rows = page.locator("table.jobs tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("order-7")
+    shot(page, "dlq")
+    rows.first.locator("a").click()
+    expect(page.locator("#attempt-count")).to_have_text("1")
+    expect(page.locator("#dead-reason")).to_contain_text("card declined")
+    expect(page.locator("#payload")).to_contain_text('"id": "o-7"')
+    shot(page, "job")
+    page.click("text=Requeue")
+    expect(page.locator("#confirm-count")).to_contain_text("1")
+    page.click("form.confirm button[type=submit]")
+    expect(page.locator(".done")).to_contain_text("requeued")
+    job_url = page.url.split("?")[0]
+
+    async def deliver() -> None:
+        async with _broker(broker) as b:
+            worker = b.consumer("fulfil", "fulfil", consumer_token="fulfil-token")
+            job = await worker.next(expires=10)
+            assert job is not None and job.message_id == "order-7"
+            await job.ack()
+
+    run(deliver)
+    page.goto(job_url)
+    expect(page.locator("h1 .status")).to_have_text("DELIVERED")
+    page.goto("/ui/audit")
+    expect(page.locator("table.audit")).to_contain_text("requeue-job")
+
+
+def test_a_redrive_shows_its_progress_and_is_cancelled(broker: str, browser: Browser) -> None:
+    publish(broker, "replay", [f"replay {n}" for n in range(30)], "replay")
+    kill_all(broker, "replay", 30, "bad gateway")
+    page = signed_in(browser, broker, ADMIN)
+    page.goto("/ui/c/replay/replay?status=DEAD")
+    page.click("text=Redrive matching")
+    expect(page.locator("#confirm-count")).to_contain_text("30")
+    page.fill("#per_second", "2")
+    page.click("form.confirm button[type=submit]")
+    expect(page.locator("#redrive-status")).to_have_text("RUNNING")
+    expect(page.locator("#redrive-total")).to_have_text("30")
+    # Progress arrives by htmx polling, without a reload.
+    expect(page.locator("#redrive-moved")).not_to_have_text("0")
+    page.click("text=Cancel redrive")
+    expect(page.locator("#redrive-status")).to_have_text("CANCELLED")
+    assert int(page.locator("#redrive-moved").inner_text()) < 30
+    page.goto("/ui/audit")
+    audit = page.locator("table.audit")
+    expect(audit).to_contain_text("redrive-matching")
+    expect(audit).to_contain_text("cancel-redrive")
+
+
+def test_the_reader_sees_everything_and_can_do_nothing(broker: str, browser: Browser) -> None:
+    page = signed_in(browser, broker, READER)
+    expect(page.locator("header .role")).to_contain_text("read-only")
+    expect(page.locator('tr[data-key="fulfil/fulfil"]')).to_be_visible()
+    page.goto("/ui/c/fulfil/fulfil?status=ANY")
+    expect(page.locator("table.jobs tbody tr").first).to_be_visible()
+    assert page.locator("a.action").count() == 0
+    csrf = page.locator('input[name="csrf"]').first.get_attribute("value")
+    refused = page.request.post(
+        "/ui/c/fulfil/fulfil/do/purge-dlq", form={"csrf": csrf or ""}, max_redirects=0
+    )
+    assert refused.status == 403 and "reads only" in refused.text()
+    assert page.request.get("/ui/c/fulfil/fulfil/confirm/purge-dlq").status == 403
+
+
+def test_an_action_without_the_csrf_token_is_refused(broker: str, browser: Browser) -> None:
+    page = signed_in(browser, broker, ADMIN)
+    refused = page.request.post("/ui/c/fulfil/fulfil/do/purge-dlq", form={}, max_redirects=0)
+    assert refused.status == 403 and "CSRF" in refused.text()
+    wrong = page.request.post(
+        "/ui/c/fulfil/fulfil/do/purge-dlq", form={"csrf": "guess"}, max_redirects=0
+    )
+    assert wrong.status == 403
+    # Nor does a request without the session cookie get anywhere.
+    anonymous = httpx.post(f"{broker}/ui/c/fulfil/fulfil/do/purge-dlq", data={"csrf": "x"})
+    assert anonymous.status_code == 401
+    assert re.search("sign in", anonymous.text, re.I)
