@@ -1,0 +1,138 @@
+"""Consumer management with the two official clients besides nats-py (@nats-io/jetstream's
+jetstreamManager, and nats-jetstream): the same script against real JetStream and the bridge,
+the same answers: create, info, list, update (allowed, and refused as nats-server refuses it),
+delete of a durable."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.errors import NotFoundError
+
+from app.bridge import protocol as p
+from tests.bridge.conftest import MAX_ACK_PENDING, BridgeFactory, reference_consumer, uncapped_only
+from tests.bridge.test_official_clients import JS_DIR, PY_VENV, install
+from tests.helpers.natsproc import NatsServer
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVERS = {
+    "js": ["node", str(JS_DIR / "manage.mjs")],
+    "nats-jetstream": [
+        str(PY_VENV / "bin" / "python"),
+        str(REPO / "tests" / "clients" / "nats_jetstream_manage.py"),
+    ],
+}
+CONFIG: dict[str, Any] = {
+    "durable_name": "mgr",
+    "description": "made over NATS",
+    "ack_policy": "explicit",
+    "ack_wait": 5 * p.NANOS,
+    "max_deliver": 3,
+    "max_ack_pending": 10,
+    "filter_subject": "orders",
+}
+
+
+class Driver:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+
+    @classmethod
+    async def start(cls, kind: str) -> Driver:
+        proc = await asyncio.create_subprocess_exec(
+            *DRIVERS[kind],
+            cwd=JS_DIR,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(proc)
+
+    async def call(self, op: str, **args: Any) -> Any:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps({"op": op, **args}).encode() + b"\n")
+        await self._proc.stdin.drain()
+        line = await asyncio.wait_for(self._proc.stdout.readline(), 30)
+        assert line, f"the client ended during {op}"
+        return json.loads(line)
+
+    async def close(self) -> None:
+        if self._proc.returncode is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 10)
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+
+
+def failure_seen(answer: dict[str, Any]) -> Any:
+    """A failure as compared: its status code (the clients word their errors themselves)."""
+    failed = answer.get("failed")
+    return None if failed is None else ("failed", failed.get("code"), failed.get("err_code"))
+
+
+async def script(kind: str, url: str) -> dict[str, Any]:
+    client = await Driver.start(kind)
+    r: dict[str, Any] = {}
+    try:
+        await client.call("connect", servers=url)
+        r["add"] = await client.call("add", stream="orders", config=CONFIG)
+        r["info"] = await client.call("info", stream="orders", name="mgr")
+        r["list"] = await client.call("list", stream="orders")
+        changed = {**CONFIG, "ack_wait": 7 * p.NANOS, "description": "changed"}
+        r["update"] = await client.call("update", stream="orders", name="mgr", config=changed)
+        refused = {**changed, "max_waiting": 7}
+        r["update_refused"] = failure_seen(
+            await client.call("update", stream="orders", name="mgr", config=refused)
+        )
+        r["delete"] = await client.call("delete", stream="orders", name="mgr")
+        r["info_after"] = failure_seen(await client.call("info", stream="orders", name="mgr"))
+        r["list_after"] = await client.call("list", stream="orders")
+        await client.call("close")
+    finally:
+        await client.close()
+    return r
+
+
+_reference: dict[str, dict[str, Any]] = {}
+
+
+async def reference(server: NatsServer, kind: str) -> dict[str, Any]:
+    if kind not in _reference:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        try:
+            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
+            _reference[kind] = await script(kind, server.url)
+        finally:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream("orders")
+            await nc.close()
+    return _reference[kind]
+
+
+@pytest.fixture(params=list(DRIVERS))
+def kind(request: pytest.FixtureRequest) -> str:
+    install()
+    return str(request.param)
+
+
+@uncapped_only
+async def test_the_client_manages_bridge_consumers_as_jetstream_ones(
+    jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory, kind: str
+) -> None:
+    expected = await reference(jetstream_server, kind)
+    assert expected["add"]["ok"]["config"]["ack_wait"] == 5 * p.NANOS, expected
+    assert expected["update"]["ok"]["config"]["description"] == "changed", expected
+    assert expected["list"]["ok"] == ["mgr", "workers"], expected
+    assert expected["info_after"] is not None and expected["update_refused"] is not None
+    await make_bridge("hybrid")
+    actual = await script(kind, hub.url)
+    assert actual == expected
