@@ -420,7 +420,7 @@ async def test_what_the_broker_cannot_honour_is_refused_by_name(
 async def test_management_can_be_turned_off(
     hub: NatsServer, make_bridge: BridgeFactory, client: httpx.AsyncClient
 ) -> None:
-    await make_bridge("client", allow_consumer_management=False)  # type: ignore[arg-type]
+    await make_bridge("client", allow_consumer_management=False)
     nc = await nats.connect(hub.url)
     try:
         answer = await request(nc, "CONSUMER.CREATE.orders.mgr.orders", create_body(MANAGED))
