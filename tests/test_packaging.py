@@ -116,6 +116,18 @@ def test_the_server_wheel_installs_app_and_nothing_else(wheels: Wheels) -> None:
     assert "app/migrations/env.py" in names and "app/migrations/script.py.mako" in names
     assert sum(n.startswith("app/migrations/versions/") for n in names) >= 11
     assert "app/py.typed" in names
+    # The console's templates and static files (vendored htmx and uPlot with their licences
+    # and VENDORED.md): a console that works offline needs every one of them in the wheel.
+    ui = ROOT / "app" / "ui"
+    shipped = [
+        path.relative_to(ROOT).as_posix()
+        for folder in ("templates", "static")
+        for path in sorted((ui / folder).rglob("*"))
+        if path.is_file()
+    ]
+    assert "app/ui/static/VENDORED.md" in shipped and "app/ui/templates/base.html" in shipped
+    assert any(n.startswith("app/ui/static/vendor/uPlot") for n in shipped)
+    assert [n for n in shipped if n not in names] == []
     assert f"webhook_broker-{VERSION}.dist-info/licenses/LICENSE" in names
     _common_metadata(fields)
     assert f"webhook-broker-client=={VERSION}" in fields["Requires-Dist"]
