@@ -78,8 +78,11 @@ def stream_lines_conformance(ctx: CheckContext, response: Response, case: Case[A
     content_type = next(iter(response.headers.get("content-type", [])), "")
     if not content_type.startswith("application/x-ndjson") or response.stream_cut_short:
         return
-    schema = case.operation.schema.raw_schema["components"]["schemas"]["StreamLine"]
-    validator = jsonschema_rs.validator_for(schema)
+    schemas = case.operation.schema.raw_schema["components"]["schemas"]
+    # Its parts are components of their own: they resolve within a root that holds them.
+    validator = jsonschema_rs.validator_for(
+        {**schemas["StreamLine"], "components": {"schemas": schemas}}
+    )
     lines = [json.loads(line) for line in response.content.splitlines()]
     for number, line in enumerate(lines, 1):
         errors = [error.message for error in validator.iter_errors(line)]
