@@ -40,6 +40,7 @@ SCENARIOS = (
     "bridge-hybrid",
     "redelivery",
     "overflow",
+    "pull-console",
     "pgqueuer",
     "backlog",
     "soak",
@@ -90,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     p.add_argument("--durable", action="store_true", help="fsync and synchronous_commit on")
     p.add_argument("--only", help="comma-separated scenarios: " + ",".join(SCENARIOS))
     p.add_argument("--skip", help="comma-separated scenarios to leave out")
+    p.add_argument("--list", action="store_true", help="print the scenarios' names and exit")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     p.add_argument(
         "--results",
@@ -97,6 +99,9 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         help="directory of the JSON results (default bench/results)",
     )
     a = p.parse_args(argv)
+    if a.list:
+        print("\n".join(SCENARIOS))
+        raise SystemExit(0)
     s = Settings()
     if a.quick:
         s = Settings(
@@ -202,6 +207,7 @@ async def run(settings: Settings) -> int:
             ("nats", runner.nats_pairs),
             ("redelivery", runner.redelivery),
             ("overflow", runner.overflow),
+            ("pull-console", runner.console),
             ("pgqueuer", runner.pgqueuer),
             ("backlog", runner.backlog_latency),
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,9 @@ def targets(runner: Runner) -> list[Target]:
                 "n/a",
             )
         )
+    console_pairs = runner.pairs.get("console", [])
+    if console_pairs:
+        out.append(console_target(console_pairs))
     ours_back = _find(runner, "Redelivery past", "ours")
     theirs_back = _find(runner, "Redelivery past", "baseline")
     if ours_back and ours_back[0].status == "ok":
@@ -291,6 +295,23 @@ def targets(runner: Runner) -> list[Target]:
             Target("soak: first to last minute", "<= 10% loss", "not run (--soak 600)", "n/a")
         )
     return out
+
+
+def console_target(pairs: list[dict[str, float]]) -> Target:
+    """Issue 38: with the console's pages open, pull + batch ack falls by no more than the
+    round-to-round spread of the runs without them ((fastest - slowest) / their median)."""
+    name = "pull + batch ack with 20 console pages open vs none"
+    goal = "fall <= round-to-round spread"
+    fall = 1.0 - (median_ratio(pairs) or 0.0)
+    plain = [p["ceiling"] for p in pairs]
+    statements = statistics.median(p.get("console_statements_per_s", 0.0) for p in pairs)
+    measured = (
+        f"fall {fall:.1%} (median of {len(pairs)} pairs); console {statements:.1f} statements/s"
+    )
+    if len(plain) < 2:
+        return Target(name, goal, measured + "; one round: no spread", "n/a")
+    spread = (max(plain) - min(plain)) / statistics.median(plain)
+    return Target(name, goal, f"{measured}; spread {spread:.1%}", check(fall <= spread))
 
 
 def tables(runner: Runner) -> str:

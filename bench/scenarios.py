@@ -32,6 +32,7 @@ from bench.env import DBNAME, Env, Measured, wait_port
 from bench.http1 import Connection
 from bench.pgbench import JOBS_COUNTED_BY, jobs_per_script, run_pgbench, script_defines
 from bench.procs import CpuMeter, Service
+from devtools.console_pages import STATEMENTS_SQL, ConsolePages, console_cost
 from devtools.pg import free_port
 
 # First guesses of jobs/s, used only to size backlogs before a scenario has run once; every
@@ -71,6 +72,7 @@ NOTIFY = "webhook_broker_jobs"  # app/store/db.py NOTIFY_CHANNEL: what a publish
 PUSH_WINDOW = 200  # deliveries in flight: the dispatcher's max-workers, and each bare loop's
 POST_CLIENTS = ("httpx", "aiohttp", "httpx-aiohttp", "pyreqwest")
 IDLE_SCHEDULED = 1000  # scheduled messages in the idle-scheduled scenario
+CONSOLE_PAGES = 20  # open console pages in the pull-console scenario (issue 38)
 
 
 def redelivery_name(who: str) -> str:
@@ -246,6 +248,8 @@ class Runner:
         *,
         one_api: bool = False,
         group: str = "ours",
+        note: str = "",
+        probe: Callable[[], Awaitable[int]] | None = None,
     ) -> Measured:
         s, env = self.s, self.env
         consumer = consumer or PULL_CONSUMER[ack]
@@ -270,9 +274,10 @@ class Runner:
             name += f", overflow consumer, {json.dumps(terms)}"
         if one_api:
             name += ", one API process"
+        name += note
         if round_no is not None:
             name += f" [round {round_no}]"
-        m = await self.measure_loadgen(name, spec, "delivered", [consumer], group)
+        m = await self.measure_loadgen(name, spec, "delivered", [consumer], group, probe=probe)
         await self.exhausted(m, consumer)
         if m.rate > 0:
             self.rates[consumer] = m.rate
@@ -306,6 +311,52 @@ class Runner:
                         "ratio": round(over.rate / plain.rate, 4),
                     }
                 )
+
+    async def console(self) -> None:
+        """What open console pages cost the pull path (issue 38): pull + batch ack with no
+        page open, then with CONSOLE_PAGES pages holding the overview's live stream
+        (devtools/console_pages.py, spread over the API processes), back to back, `rounds`
+        times. The goal: the fall is no more than the plain runs' round-to-round spread. The
+        console's statements in each window come from pg_stat_statements."""
+        s, env = self.s, self.env
+        urls = [f"http://127.0.0.1:{port}" for port in env.api_ports]
+        for round_no in range(1, s.rounds + 1):
+            plain = await self.http_pull("batch", round_no)
+            async with ConsolePages(urls, CONSOLE_PAGES) as pages:
+                before = pages.fewest_updates()
+                watched = await self.bigger_if_dry(
+                    functools.partial(
+                        self._http_pull_once,
+                        "batch",
+                        round_no,
+                        group="console",
+                        note=f", {CONSOLE_PAGES} console pages open",
+                        probe=self._console_statements,
+                    ),
+                    PULL_CONSUMER["batch"],
+                    2.0,
+                )
+                if pages.failed():
+                    raise RuntimeError("console pages failed: " + "; ".join(pages.failed()))
+                watched.extra["page_updates"] = pages.fewest_updates() - before
+            statements = watched.extra.get("probe", 0)
+            per_s = statements / watched.seconds if watched.seconds else 0.0
+            watched.extra["console_statements_per_s"] = round(per_s, 2)
+            if plain.rate and watched.status == "ok":
+                self.pairs.setdefault("console", []).append(
+                    {
+                        "ceiling": round(plain.rate, 1),
+                        "ours": round(watched.rate, 1),
+                        "ratio": round(watched.rate / plain.rate, 4),
+                        "console_statements_per_s": round(per_s, 2),
+                    }
+                )
+
+    async def _console_statements(self) -> int:
+        """The console's statements pg_stat_statements has counted since its last reset."""
+        rows = await (await self.env.conn.execute(STATEMENTS_SQL)).fetchall()
+        counted = {int(q): (str(text), int(calls)) for q, text, calls in rows}
+        return console_cost({}, counted, 1.0).statements
 
     async def consume(self) -> None:
         """The client's consume(), a handler that calls ack() for each job (the client
@@ -388,7 +439,10 @@ class Runner:
         consumers: list[str],
         group: str = "ours",
         with_profile: str | None = None,
+        probe: Callable[[], Awaitable[int]] | None = None,
     ) -> Measured:
+        """`probe`: a count read at the window's end, after PostgreSQL's statement counts were
+        reset at its start (so a count of statements is the window's), into extra["probe"]."""
         env = self.env
         meter = env.meter()
         profiling: asyncio.Task[dict[str, Any]] | None = None
@@ -397,8 +451,13 @@ class Runner:
             out = env.workdir / f"pyspy-{with_profile}.txt"
             seconds = spec["warmup"] + spec["duration"]
             profiling = asyncio.create_task(profile.record(pid, seconds, out))
+        marks: list[int] = []
         result, window, statements = await env.run_loadgen(
-            spec, meter, within=spec.get("warmup", 0) + spec.get("duration", 0) + 180
+            spec,
+            meter,
+            within=spec.get("warmup", 0) + spec.get("duration", 0) + 180,
+            probe=probe,
+            marks=marks,
         )
         pks = [env.pks[c] for c in consumers]
         jobs = await db.count_jobs(env.conn, kind, pks, window)
@@ -417,6 +476,8 @@ class Runner:
                 else None,
             },
         )
+        if probe is not None and marks:
+            m.extra["probe"] = marks[-1]
         if result.get("errors"):
             m.notes.append(
                 f"{result['counts'].get('errors', 0)} client errors, first: "
