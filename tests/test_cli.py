@@ -14,6 +14,8 @@ import pytest
 
 from devtools.pg import free_port
 from tests.helpers.cli import Broker, clean_env, run
+from tests.helpers.metrics import pulls_waiting
+from tests.helpers.waiting import eventually
 
 SEED_ENV = {
     "WEBHOOK_BROKER__INITIAL_CHANNELS__orders": "Orders",
@@ -129,7 +131,11 @@ async def test_sigterm_ends_a_waiting_long_poll(serve: tuple[Broker, str]) -> No
                 },
             )
         )
-        await asyncio.sleep(1.0)
+
+        async def waits() -> bool:
+            return await pulls_waiting(http) == 1
+
+        await eventually(waits, what="the long poll waiting in the broker")
         assert not waiting.done()
         broker.process.send_signal(signal.SIGTERM)
         response = await asyncio.wait_for(waiting, timeout=20)

@@ -64,16 +64,16 @@ async def test_after_a_cancelled_statement(held: tuple[Database, Held]) -> None:
     sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'"
     running = asyncio.create_task(connections.run("SELECT pg_sleep(30)", {}))
 
-    async def asleep(count: int) -> bool:
+    async def on_the_server(count: int) -> bool:
         return await db.run_alone(sleeping, {}) == [(count,)]
 
-    await eventually(lambda: asleep(1), what="the statement running on the server")
+    await eventually(lambda: on_the_server(1), what="the statement running on the server")
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
     assert await asyncio.wait_for(connections.run("SELECT 1", {}), 5) == [(1,)]
     # Its connection was closed, so the server stopped the statement rather than finishing it.
-    await eventually(lambda: asleep(0), 5, 0.1, what="the server stopped the statement")
+    await eventually(lambda: on_the_server(0), 5, 0.1, what="the server stopped the statement")
 
 
 async def test_closed_connections_run_nothing(held: tuple[Database, Held]) -> None:

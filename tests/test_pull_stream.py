@@ -26,6 +26,7 @@ from tests.helpers.pull import (
     setup_channel,
     until_waiting,
 )
+from tests.helpers.waiting import eventually
 
 
 @pytest.fixture
@@ -213,14 +214,12 @@ async def test_jobs_of_a_stream_whose_client_vanished_go_back_with_no_retry_coun
             received.append(json.loads(line)["Job"])
             if len(received) == 3:
                 break  # the stream is still open (7 more wanted): leaving closes it
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while (
-        runtime.scheduler.waiting(pk)
-        or [(await job_row(runtime, j["ID"])).status for j in received] != ["QUEUED"] * 3
-    ):
-        assert loop.time() < deadline, "the stream's jobs did not go back"
-        await asyncio.sleep(0.02)
+
+    async def gone_back() -> bool:
+        statuses = [(await job_row(runtime, j["ID"])).status for j in received]
+        return not runtime.scheduler.waiting(pk) and statuses == ["QUEUED"] * 3
+
+    await eventually(gone_back, interval=0.02, what="the stream's jobs gone back")
     for job in received:
         row = await job_row(runtime, job["ID"])
         assert (row.attempt, row.retry_count, row.lease_expires_at) == (1, 0, None)

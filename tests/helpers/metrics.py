@@ -15,3 +15,8 @@ async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, 
         for family in text_string_to_metric_families(r.text)
         for sample in family.samples
     }
+
+
+async def pulls_waiting(client: httpx.AsyncClient) -> float:
+    """How many long polls and streams wait in the process `client` talks to."""
+    return (await scrape(client))[("webhook_broker_pulls_waiting", ())]
