@@ -1,36 +1,23 @@
 """The pull scheduler: every waiting pull request of this process, HTTP long polls and NATS
 pull requests alike, held per consumer as plain data and served from shared claims.
 
-One `ConsumerQueue` per consumer with waiting requests. It follows what nats-server 2.15 does
-(protocol doc section 4): requests wait in arrival order and are served round-robin, one job
-at a time; a request ends when its batch is filled, when it expires, when a `no_wait` request
-finds the queue drained, when its byte budget runs out, or, for a request that asked for it
-(an HTTP long poll), with its first hand-out. Heartbeats and expiry run on loop timers, so
-they go out on time while a claim runs. Each transport hands in a `PullSink` per request and
-translates what the scheduler tells it (deliveries, heartbeats, how the request ended) into
-its own terms; the scheduler knows no status codes.
-
-Jobs are claimed only while some request has budget left, with one claim statement for the
-whole budget of the waiting requests (requests with terms of their own, a byte budget or an
-incremental lease, claim alone). A queue sleeps until a request arrives, one expires, a
-delayed job falls due, or a wake-up (PostgreSQL NOTIFY, in-process signal) says the
-consumer's queue changed: it never polls the table. When a round found nothing it looks at
-the consumer again (one read): a deleted consumer ends its requests, a changed one (ack
-wait, max ack pending) is claimed for with its new terms.
-
-Which waiting request the next job goes to is a `WaitPolicy` per consumer: round-robin (no
-policy, overflow), or lowest `priority` first (prioritized). Overflow requests that wait for a
-backlog (min_pending, min_ack_pending) take a job only while the consumer's counts meet their
-terms: the counts are read (capped) before each round that has such requests, and while they
-wait for counts that another process may change, the round runs again every
-OVERFLOW_RECHECK_SECONDS (an overflow queue claims nothing ahead, so that its counts hold).
+One `ConsumerQueue` per consumer with waiting requests. What a round does (claims, which job
+goes to which request, which requests end and how, when to look again) is planned without
+I/O in `app/domain/pull_round.py`, after nats-server 2.15 (protocol doc section 4), by the
+consumer's wait policy and the pin and overflow terms of `app/domain/pull_policies.py`. The
+queue is the loop that carries the plan out against the claim source and the sinks, and
+sleeps until a request arrives, one expires, a delayed job falls due, or a wake-up
+(PostgreSQL NOTIFY, in-process signal) says the consumer's queue changed: it never polls the
+table. Heartbeats and expiry run on loop timers, so they go out on time while a claim runs.
+Each transport hands in a `PullSink` per request and translates what the scheduler tells it
+(deliveries, heartbeats, how the request ended) into its own terms; the scheduler knows no
+status codes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import secrets
 import string
@@ -38,10 +25,44 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
-from app.domain.models import Consumer, ConsumerType
+from app.domain import pull_policies
+from app.domain.models import Consumer
 from app.domain.priority import PLAIN, PriorityPolicy, PullPriority
+from app.domain.pull_policies import Overflow, Pinned, Prioritized, RoundRobin, Terms
+from app.domain.pull_round import (
+    MIN_RECHECK_SECONDS,
+    OVERFLOW_RECHECK_SECONDS,
+    PARALLEL_CLAIMS,
+    Adopt,
+    AssignPin,
+    Claim,
+    ClaimAlone,
+    Clock,
+    Command,
+    End,
+    FinishAhead,
+    Give,
+    GiveBack,
+    GiveWithin,
+    KeepAhead,
+    Limits,
+    LoadSequences,
+    Phase,
+    QueueState,
+    ReadBacklog,
+    ReadPin,
+    Recheck,
+    Rechecked,
+    Release,
+    ReleaseStale,
+    StartAhead,
+    TakeAhead,
+    TouchPin,
+    in_stream_order,
+    round_steps,
+)
 from app.domain.pulls import ClaimBatch, Delivery, PullEnd
 from app.logging import log_failure
 from app.services import claim_ahead
@@ -51,22 +72,35 @@ from app.services.signals import Signals
 
 log = logging.getLogger(__name__)
 
-# A queue whose next job falls due later re-checks no sooner than this (clock skew guard).
-MIN_RECHECK_SECONDS = 0.02
+__all__ = [
+    "MIN_RECHECK_SECONDS",
+    "OVERFLOW_RECHECK_SECONDS",
+    "PARALLEL_CLAIMS",
+    "ConsumerQueue",
+    "Overflow",
+    "Pinned",
+    "Prioritized",
+    "PullObserver",
+    "PullScheduler",
+    "PullSink",
+    "RoundRobin",
+    "WaitPolicy",
+    "Waiter",
+    "new_pin_id",
+    "policy_for",
+]
+
 # After a failed claim (database down), or while no requester can take a delivery.
 RETRY_SECONDS = 0.5
-# Claim statements one consumer's waiting requests may have running at once (each up to
-# max_claim jobs): only demand beyond one statement is split.
-PARALLEL_CLAIMS = 2
 # A queue whose requests are all answered stays this long for the next one (a consumer
 # pulling in a loop sends it within moments; a new queue would read its sequences again).
 LINGER_SECONDS = 5.0
 # How long closing waits for idle queues to give back what they claimed ahead.
 SETTLE_SECONDS = 5.0
-# While overflow requests wait for counts they do not meet and jobs are pending, the counts
-# are read again this often (in-flight counts change with other processes' claims, which
-# wake nobody).
-OVERFLOW_RECHECK_SECONDS = 1.0
+
+# Claims that ran side by side, merged into queue order (the round planner's; kept here for
+# the tests that name it so).
+_in_stream_order = in_stream_order
 
 
 class PullSink(Protocol):
@@ -133,75 +167,25 @@ class Waiter:
                 timer.cancel()
         self.expiry = self.beat = None
 
-
-class WaitPolicy(Protocol):
-    """Which waiting request takes the next job (priority groups decide it their way)."""
+    # What the round planner asks of a request's transport.
 
     @property
-    def claims_ahead(self) -> bool:
-        """Jobs may be claimed for requests yet to come."""
+    def numbered(self) -> bool:
+        return self.sink.numbered
 
-    def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
-        """The request the next delivery goes to, or None when no request can take one."""
+    @property
+    def pulls_in_a_loop(self) -> bool:
+        return self.sink.claims_ahead
 
-    def served(self, waiters: deque[Waiter], waiter: Waiter) -> None:
-        """`waiter` (the one picked) was handed a delivery."""
+    def alive(self) -> bool:
+        return self.sink.alive()
 
-
-class RoundRobin:
-    """nats-server's order: the head request takes one job and goes to the back; a request
-    that cannot take it (an overflow request whose terms are not met) goes to the back."""
-
-    claims_ahead = True
-
-    def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
-        for _ in range(len(waiters)):
-            head = waiters[0]
-            if eligible(head):
-                return head
-            if waiters and waiters[0] is head:  # `eligible` may have removed it
-                waiters.rotate(-1)
-        return None
-
-    def served(self, waiters: deque[Waiter], waiter: Waiter) -> None:
-        if waiters and waiters[0] is waiter:
-            waiters.popleft()
-            if waiter.batch_left > 0:
-                waiters.append(waiter)
+    def ready(self) -> bool:
+        return self.sink.ready()
 
 
-class Overflow(RoundRobin):
-    """Round-robin, claiming nothing ahead: jobs held for requests to come would count as
-    in flight and not as pending, which is what overflow requests decide by."""
-
-    claims_ahead = False
-
-
-class Pinned(RoundRobin):
-    """Round-robin among the requests of the pinned client; nothing is claimed ahead, since
-    the client that gets the next jobs is settled only when they are handed out."""
-
-    claims_ahead = False
-
-
-class Prioritized:
-    """The request with the lowest priority value takes the next job (a request whose body
-    was not JSON comes last), round-robin among requests of one priority."""
-
-    claims_ahead = True
-
-    def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
-        best: Waiter | None = None
-        for waiter in list(waiters):
-            if (best is None or waiter.terms.rank < best.terms.rank) and eligible(waiter):
-                best = waiter
-        return best
-
-    def served(self, waiters: deque[Waiter], waiter: Waiter) -> None:
-        with contextlib.suppress(ValueError):
-            waiters.remove(waiter)
-        if waiter.batch_left > 0:
-            waiters.append(waiter)
+# Which waiting request takes the next job (`app/domain/pull_policies.py` has the policies).
+WaitPolicy = pull_policies.WaitPolicy[Waiter]
 
 
 def new_pin_id() -> str:
@@ -211,13 +195,7 @@ def new_pin_id() -> str:
 
 
 def policy_for(consumer: Consumer) -> WaitPolicy:
-    if consumer.priority.policy is PriorityPolicy.PRIORITIZED:
-        return Prioritized()
-    if consumer.priority.policy is PriorityPolicy.OVERFLOW:
-        return Overflow()
-    if consumer.priority.policy is PriorityPolicy.PINNED_CLIENT:
-        return Pinned()
-    return RoundRobin()
+    return pull_policies.policy_for(consumer.priority)
 
 
 # (transport "http" or "nats", how the request ended, seconds it waited, jobs it was given)
@@ -328,41 +306,25 @@ class PullScheduler:
             del self._queues[queue.consumer.pk]
 
 
-def _in_stream_order(parts: list[list[Delivery]]) -> list[Delivery]:
-    """Deliveries of claims that ran side by side, merged into queue order (priority, then
-    oldest), with their sequence numbers handed out again in that order."""
-    if len(parts) == 1:
-        return parts[0]
-    merged = sorted((d for part in parts for d in part), key=lambda d: (-d.job.priority, d.job.id))
-    seqs = sorted(d.seq for d in merged)
-    return [d._replace(seq=seq) for d, seq in zip(merged, seqs, strict=True)]
-
-
 class ConsumerQueue:
+    """The loop that runs one consumer's rounds: it carries out what `round_steps` plans
+    against the claim source and the sinks, and sleeps between rounds."""
+
     def __init__(self, scheduler: PullScheduler, consumer: Consumer, policy: WaitPolicy) -> None:
         self.scheduler = scheduler
         self.consumer = consumer
         self.policy = policy
         self.waiters: deque[Waiter] = deque()
-        self.finished = False
-        self.last_seq = 0
-        self.last_stream_seq = 0
-        self.due = 0  # due jobs left after the last claim
+        pinning = consumer.priority.policy is PriorityPolicy.PINNED_CLIENT
+        self.state = QueueState(terms=Terms(pinning=pinning))
         self.ahead = ClaimAhead()
-        self._kick = asyncio.Event()
-        self._dirty = True
-        self._next_due: float | None = None
-        self._loaded = False
-        self._found = 0  # jobs the current round's claims found
-        # Overflow terms: the consumer's (pending, in flight) at the start of this round, when
-        # some request waits for a backlog, and the jobs handed out since.
-        self._backlog: tuple[int, int] | None = None
-        self._handed = 0
-        # pinned_client: the pin as read at the start of this round (None: nobody holds it).
-        self._pinning = consumer.priority.policy is PriorityPolicy.PINNED_CLIENT
-        self._pin: str | None = None
+        self._kick = asyncio.Event()  # something changed: a request, a wake-up, an ending
         self._flushable: list[PullSink] = []  # sinks of requests ended since the last flush
         self.task = asyncio.create_task(self._run(), name=f"pull-queue-{consumer.pk}")
+
+    @property
+    def finished(self) -> bool:
+        return self.state.phase is Phase.FINISHED
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -373,7 +335,7 @@ class ConsumerQueue:
             waiter.expiry = loop.call_at(waiter.expires_at, self._expired, waiter)
         self._schedule_beat(waiter)
         self.waiters.append(waiter)
-        self._dirty = True
+        self.state.dirty = True
         self._kick.set()
 
     def drop(self, which: Callable[[Waiter], bool]) -> None:
@@ -389,7 +351,7 @@ class ConsumerQueue:
             self.waiters.remove(waiter)
         self._kick.set()
         self._flushable.append(waiter.sink)
-        waiter.sink.end(outcome, waiter, self.due)
+        waiter.sink.end(outcome, waiter, self.state.due)
         observe = self.scheduler.observe_end
         if observe is not None:
             # Numbered deliveries are JetStream's (the bridge); HTTP pulls carry none.
@@ -414,7 +376,7 @@ class ConsumerQueue:
     def _heartbeat(self, waiter: Waiter) -> None:
         waiter.beat = None
         if waiter in self.waiters:
-            waiter.sink.heartbeat(self.last_seq, self.last_stream_seq)
+            waiter.sink.heartbeat(self.state.last_seq, self.state.last_stream_seq)
             self._schedule_beat(waiter)
 
     # -- the loop -----------------------------------------------------------------------------
@@ -433,7 +395,7 @@ class ConsumerQueue:
         except Exception:
             log_failure(log, "pull queue of consumer %s failed", self.consumer.id)
         finally:
-            self.finished = True
+            self.state.phase = Phase.FINISHED
             self.scheduler._done(self)
             for waiter in list(self.waiters):
                 self._end(waiter, PullEnd.DROPPED)
@@ -449,38 +411,43 @@ class ConsumerQueue:
             self._kick.set()
 
     async def _loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        state = self.state
         while self.waiters or await self._linger(loop):
-            if self._next_due is not None and loop.time() >= self._next_due:
-                self._next_due = None
-                self._dirty = True
+            if state.next_due is not None and loop.time() >= state.next_due:
+                state.next_due = None
+                state.dirty = True
             deliverable = any(w.sink.ready() for w in self.waiters)
-            if self._dirty and deliverable:
-                self._dirty = False
+            if state.dirty and deliverable:
+                state.dirty = False
                 self._kick.clear()
+                state.phase = Phase.SERVING
                 try:
                     await self._serve(loop)
                 except Exception:
                     log_failure(log, "claim for consumer %s failed; retrying", self.consumer.id)
-                    self._dirty = True
+                    state.dirty = True
                     await asyncio.sleep(RETRY_SECONDS)
+                finally:
+                    state.phase = Phase.WAITING
                 await self._flush()
                 continue
             if not self.waiters:
                 continue
             await self._flush()
             timeout = None if deliverable else RETRY_SECONDS
-            if self._next_due is not None:
-                until = max(self._next_due - loop.time(), 0.0)
+            if state.next_due is not None:
+                until = max(state.next_due - loop.time(), 0.0)
                 timeout = until if timeout is None else min(timeout, until)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout)
             if self._kick.is_set():
                 self._kick.clear()
-                self._dirty = True
+                state.dirty = True
 
     async def _linger(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Wait a while for the next request; give back what was claimed ahead for it when it
         does not come within READY_GRACE_SECONDS."""
+        self.state.phase = Phase.LINGERING
         start = loop.time()
         deadline = start + LINGER_SECONDS
         while not self.waiters:
@@ -496,7 +463,8 @@ class ConsumerQueue:
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), left)
-        self._dirty = True
+        self.state.phase = Phase.WAITING
+        self.state.dirty = True
         return True
 
     async def _flush(self) -> None:
@@ -509,230 +477,88 @@ class ConsumerQueue:
         for sink in outlets.values():
             await sink.flush()
 
-    # -- claims and hand-out --------------------------------------------------------------------
+    # -- carrying out a round ---------------------------------------------------------------
 
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
-        claims = self.scheduler.claims
-        numbered = any(w.sink.numbered for w in self.waiters)
-        if numbered and not self._loaded:
-            self._loaded = True
-            seq, stream_seq = await claims.last_delivery(self.consumer.pk)
-            self.last_seq = max(self.last_seq, seq)
-            self.last_stream_seq = max(self.last_stream_seq, stream_seq)
-        self._next_due = None  # the claims below say when queued jobs fall due next
-        self._found = 0
-        self._backlog = await self._read_backlog()
-        self._handed = 0
-        if self._pinning:
-            await self._read_pin()
-        plain = [w for w in self.waiters if not w.own_claim and self._alive(w)]
-        if not plain:
-            await self._give_back()
-        else:
-            # Whatever the claim ahead found is older than the wake-up that brought us here:
-            # a queue it saw drained may have jobs again (a NAK'd job falling due, a publish),
-            # so the requests still short claim afresh below.
-            self._keep(await self.ahead.finish(), loop.time())
-            await self._release(self.ahead.stale(loop.time()))
-            wanted = self._demand(plain)
-            drained = False
-            if self.ahead.ready < wanted:
-                sizes = self._claim_sizes(wanted - self.ahead.ready)
-                drained = self._keep(await self._claims(sizes, numbered), loop.time())
-            if self._pinning and self._pin is None and self.ahead.ready:
-                await self._pin_standby()
-            leftovers = self._hand_out(self.ahead.take())
-            # Jobs a request could not take yet (its transport is behind) are still there.
-            drained = drained and not leftovers
-            if numbered and self.policy.claims_ahead:
-                self.ahead.keep(leftovers, loop.time())
-            else:  # unnumbered jobs cannot wait for a request that wants numbers
-                await self._release(leftovers)
-            still = self._demand([w for w in self.waiters if not w.own_claim])
-            if not drained and self.policy.claims_ahead and any(w.sink.claims_ahead for w in plain):
-                # While these are sent, the database claims what the requests still want or,
-                # when they are filled, as much again for the next requests of a consumer
-                # pulling in a loop. It is handed out after what is ready now.
-                more = max(still, wanted) - self.ahead.ready
-                if more > 0:
-                    sizes = self._claim_sizes(more)
-                    self.ahead.start(sizes, self._claims(sizes, numbered))
-            if drained:
-                for w in list(self.waiters):
-                    if not w.own_claim and w.no_wait and (w.delivered or not w.expires_given):
-                        self._end(w, PullEnd.NO_MESSAGES)
-            elif still > 0:
-                self._dirty = True
-        for w in [w for w in self.waiters if w.own_claim]:
-            if w not in self.waiters or not self._alive(w) or not self._may_take(w):
-                continue
-            if self._pinning and self._pin is None:
-                continue  # a request with a byte budget takes jobs under a pin only
-            limit = min(self._demand([w]), self.scheduler.max_claim)
-            if limit <= 0:
-                continue
-            batch = await claims.claim(
-                self.consumer,
-                limit,
-                numbered=numbered,
-                max_bytes=w.bytes_left,
-                incremental_timeout=w.incremental_timeout,
-            )
-            self._note(batch)
-            leftovers = self._fill(w, batch.deliveries)
-            if w in self.waiters and batch.deliveries and batch.due > 0:
-                # Its claim stopped at its byte budget with jobs left: the next one claimed
-                # ends it (too large for what is left) or fills it further.
-                self._dirty = True
-            if (
-                w in self.waiters
-                and w.no_wait
-                and (w.delivered or not w.expires_given)
-                and batch.due == 0
-            ):
-                self._end(w, PullEnd.NO_MESSAGES)
-            await self._release(leftovers)
-        if self._backlog is not None or self._pinning:
-            self._after_terms(loop)
-        # Requests still waiting after a round that found nothing, or that took every job
-        # due so far: no one announces a backoff running out, so the round reads when the
-        # next queued job falls due.
-        if self.waiters and (not self._found or self.due == 0):
-            await self._recheck(loop)
-
-    # -- overflow terms -------------------------------------------------------------------------
-
-    async def _read_backlog(self) -> tuple[int, int] | None:
-        """The consumer's (pending, in flight) counts, when some request waits for a backlog.
-        Counted up to what the requests' terms and budgets can use, never the whole queue."""
-        waiting = [w for w in self.waiters if w.terms.conditional]
-        if not waiting:
-            return None
-        budget = sum(w.batch_left for w in self.waiters)
-        pending_cap = max(w.terms.min_pending for w in waiting) + budget
-        ack_cap = max(w.terms.min_ack_pending for w in waiting)
-        return await self.scheduler.claims.backlog(self.consumer.pk, pending_cap, ack_cap)
-
-    # -- pinned_client -----------------------------------------------------------------------
-
-    async def _read_pin(self) -> None:
-        """The pin as it is now; a request that arrived naming another pin is told at once,
-        and the pinned client's new requests keep its pin from lapsing."""
-        claims = self.scheduler.claims
-        self._pin = await claims.pin(self.consumer.pk)
-        touched = False
-        for w in list(self.waiters):
-            named = w.terms.pin_id
-            if named is None:
-                continue
-            arrived, w.pin_checked = not w.pin_checked, True
-            if named == self._pin:
-                if arrived and not touched:
-                    touched = await claims.touch_pin(self.consumer.pk, named)
-            elif arrived and self._pin is not None:
-                self._end(w, PullEnd.PIN_MISMATCH)
+        limits = Limits(max_claim=self.scheduler.max_claim)
+        steps = round_steps(self.state, self.waiters, self.policy, limits)
+        answer: Any = None
+        while True:
+            try:
+                command = steps.send(answer)
+            except StopIteration:
+                return
+            # Hand-outs and endings are most of a round's commands and need no await.
+            if isinstance(command, Give):
+                command.waiter.sink.offer(self.consumer, command.delivery, None)
+                self._schedule_beat(command.waiter)  # the idle timer restarts after each
+                answer = None
+            elif isinstance(command, End):
+                self._end(command.waiter, command.outcome)
+                answer = None
             else:
-                # The pin it names is gone (unpinned, lapsed, or another client's since).
-                # nats-server says so when a dispatch meets the request; this says it when
-                # the pin is read, which a client takes the same way.
-                self._end(w, PullEnd.WRONG_PIN)
+                answer = await self._carry_out(command, loop)
 
-    async def _pin_standby(self) -> None:
-        """Jobs are here and nobody holds the pin: the first waiting request without a pin id
-        gets a new one, unless another process pinned the group first."""
-        standby = next(
-            (w for w in self.waiters if w.terms.pin_id is None and not w.own_claim), None
-        )
-        if standby is None:
-            return
-        pin_id = new_pin_id()
-        if await self.scheduler.claims.assign_pin(self.consumer, pin_id):
-            standby.terms = dataclasses.replace(standby.terms, pin_id=pin_id)
-            self._pin = pin_id
-        else:
-            self._pin = await self.scheduler.claims.pin(self.consumer.pk)
-
-    def _may_take(self, waiter: Waiter) -> bool:
-        """Whether the request may take the next job now: under a pin, only the pinned
-        client's requests; under overflow terms, while the counts meet them (the job counts
-        as pending; those handed out this round count as in flight)."""
-        if self._pinning:
-            return waiter.terms.pin_id == self._pin if self._pin else waiter.terms.pin_id is None
-        if self._backlog is None or not waiter.terms.conditional:
-            return True
-        pending, inflight = self._backlog
-        return waiter.terms.overflows(pending - self._handed, inflight + self._handed)
-
-    def _demand(self, waiters: list[Waiter]) -> int:
-        """Jobs these requests can take: their budgets, or, under overflow terms, as many as
-        handing them out one by one would place (each leaves pending for in flight)."""
-        if self._pinning:
-            if self._pin is None:  # the first standby will be pinned
-                first = next((w for w in waiters if w.terms.pin_id is None), None)
-                return first.batch_left if first is not None else 0
-            return sum(w.batch_left for w in waiters if w.terms.pin_id == self._pin)
-        if self._backlog is None:
-            return sum(w.batch_left for w in waiters)
-        pending, inflight = self._backlog
-        pending, inflight = pending - self._handed, inflight + self._handed
-        budgets = {id(w): w.batch_left for w in waiters}
-        placed = 0
-        while pending - placed > 0:
-            taker = next(
-                (
-                    w
-                    for w in waiters
-                    if budgets[id(w)] > 0 and w.terms.overflows(pending - placed, inflight + placed)
-                ),
-                None,
-            )
-            if taker is None:
-                break
-            budgets[id(taker)] -= 1
-            placed += 1
-        return placed
-
-    def _after_terms(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Requests whose terms (overflow counts, the pin) keep them from jobs: one that does
-        not wait ends (404, or an empty HTTP answer); the others wait, and while jobs are
-        pending overflow counts are read again soon, since other processes' claims change
-        them without waking anyone."""
-        unmet = [w for w in self.waiters if not self._may_take(w)]
-        for w in unmet:
-            if w.no_wait and (w.delivered or not w.expires_given):
-                self._end(w, PullEnd.NO_MESSAGES)
-        backlog = self._backlog
-        waiting = any(w in self.waiters for w in unmet)
-        if backlog is not None and backlog[0] - self._handed > 0 and waiting:
-            self._next_due = loop.time() + OVERFLOW_RECHECK_SECONDS
-
-    async def _recheck(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The consumer may be gone or changed (nothing was claimed), and when nothing is due,
-        when the next job falls due says how long to sleep."""
-        fresh, next_due = await self.scheduler.claims.recheck(
-            self.consumer.pk, next_due=self.due == 0
-        )
-        if fresh is None or fresh.type is not ConsumerType.PULL:
-            # A request that comes later is told the same by its own round.
-            for waiter in list(self.waiters):
-                self._end(waiter, PullEnd.CONSUMER_DELETED)
-            return
-        if (fresh.max_ack_pending, fresh.ack_wait_seconds) != (
-            self.consumer.max_ack_pending,
-            self.consumer.ack_wait_seconds,
-        ):
-            self._dirty = True
-        self.consumer = fresh
-        if next_due is not None:
-            until = (next_due - datetime.now(UTC)).total_seconds()
-            at = loop.time() + max(until, MIN_RECHECK_SECONDS)
-            self._next_due = at if self._next_due is None else min(self._next_due, at)
-
-    def _claim_sizes(self, wanted: int) -> list[int]:
-        max_claim = self.scheduler.max_claim
-        limit = min(wanted, max_claim * PARALLEL_CLAIMS)
-        parts = -(-limit // max_claim)
-        return [limit // parts + (1 if i < limit % parts else 0) for i in range(parts)]
+    async def _carry_out(self, command: Command, loop: asyncio.AbstractEventLoop) -> Any:
+        claims = self.scheduler.claims
+        pk = self.consumer.pk
+        match command:
+            case GiveWithin(waiter=waiter, delivery=delivery):
+                size = waiter.sink.offer(self.consumer, delivery, waiter.bytes_left)
+                if size is not None:
+                    self._schedule_beat(waiter)
+                return size
+            case LoadSequences():
+                return await claims.last_delivery(pk)
+            case ReadBacklog(pending_cap=pending_cap, ack_cap=ack_cap):
+                return await claims.backlog(pk, pending_cap, ack_cap)
+            case ReadPin():
+                return await claims.pin(pk)
+            case TouchPin(pin=pin):
+                return await claims.touch_pin(pk, pin)
+            case AssignPin():
+                pin_id = new_pin_id()
+                if await claims.assign_pin(self.consumer, pin_id):
+                    return pin_id, True
+                return await claims.pin(pk), False
+            case GiveBack():
+                await self._give_back()
+            case FinishAhead():
+                return await self.ahead.finish()
+            case KeepAhead(deliveries=deliveries):
+                self.ahead.keep(deliveries, loop.time())
+                return self.ahead.ready
+            case ReleaseStale():
+                await self._release(self.ahead.stale(loop.time()))
+                return self.ahead.ready
+            case TakeAhead():
+                return self.ahead.take()
+            case Claim(sizes=sizes, numbered=numbered):
+                return await self._claims(sizes, numbered)
+            case StartAhead(sizes=sizes, numbered=numbered):
+                self.ahead.start(sizes, self._claims(sizes, numbered))
+            case ClaimAlone(waiter=waiter, limit=limit, numbered=numbered):
+                batch: ClaimBatch = await claims.claim(
+                    self.consumer,
+                    limit,
+                    numbered=numbered,
+                    max_bytes=waiter.bytes_left,
+                    incremental_timeout=waiter.incremental_timeout,
+                )
+                return batch
+            case Release(deliveries=deliveries):
+                await self._release(deliveries)
+            case Recheck(next_due=next_due):
+                fresh, due_at = await claims.recheck(pk, next_due=next_due)
+                until = None
+                if due_at is not None:
+                    until = (due_at - datetime.now(UTC)).total_seconds()
+                return Rechecked(fresh, self.consumer, until, loop.time())
+            case Adopt(consumer=consumer):
+                self.consumer = consumer
+            case Clock():
+                return loop.time()
+        return None
 
     async def _claims(self, sizes: list[int], numbered: bool) -> Sized:
         # Claims of one consumer run side by side (SKIP LOCKED keeps them apart): the
@@ -743,84 +569,9 @@ class ConsumerQueue:
         )
         return list(zip(sizes, batches, strict=True))
 
-    def _keep(self, sized: Sized, now: float) -> bool:
-        """Note what the claims found and keep it ready in queue order; True when they
-        drained the queue (fewer jobs than asked, or nothing more due)."""
-        drained = False
-        for size, batch in sized:
-            self._note(batch)
-            drained = drained or len(batch.deliveries) < size or batch.due == 0
-        self.ahead.keep(_in_stream_order([b.deliveries for _, b in sized]), now)
-        return drained
-
-    def _note(self, batch: ClaimBatch) -> None:
-        self.due = batch.due
-        self._found += len(batch.deliveries)
-        if batch.deliveries:
-            self.last_seq = max(self.last_seq, batch.last_seq)
-            self.last_stream_seq = max(self.last_stream_seq, batch.last_stream_seq)
-
     async def _give_back(self) -> None:
         """Claims made ahead for requests that did not come (or have gone since)."""
         await self._release(await self.ahead.give_back())
-
-    def _alive(self, waiter: Waiter) -> bool:
-        if not waiter.sink.alive():
-            self._end(waiter, PullEnd.DROPPED)
-            return False
-        return True
-
-    def _takes_next(self, waiter: Waiter) -> bool:
-        if self._pinning and waiter.terms.pin_id not in (None, self._pin):
-            self._end(waiter, PullEnd.WRONG_PIN)  # pinned in this round to another client
-            return False
-        return not waiter.own_claim and self._alive(waiter) and self._may_take(waiter)
-
-    def _hand_out(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Each delivery goes to the request the policy picks (round-robin by default)."""
-        leftovers: list[Delivery] = []
-        for index, delivery in enumerate(deliveries):
-            waiter = self.policy.pick(self.waiters, self._takes_next)
-            if waiter is None or not waiter.sink.ready():
-                leftovers = deliveries[index:]
-                break
-            if self._pin is not None:
-                delivery = delivery._replace(pin=self._pin)
-            waiter.sink.offer(self.consumer, delivery, None)
-            self._delivered(waiter)
-            waiter.batch_left -= 1
-            self.policy.served(self.waiters, waiter)
-            if waiter.batch_left == 0:
-                self._end(waiter, PullEnd.FILLED)
-        for waiter in [w for w in self.waiters if w.ends_on_delivery and w.delivered]:
-            self._end(waiter, PullEnd.DELIVERED)
-        return leftovers
-
-    def _fill(self, waiter: Waiter, deliveries: list[Delivery]) -> list[Delivery]:
-        """A request with its own claim takes that claim's jobs while its budget lasts."""
-        for index, delivery in enumerate(deliveries):
-            if waiter not in self.waiters or not waiter.sink.ready():
-                return deliveries[index:]
-            if self._pin is not None:
-                delivery = delivery._replace(pin=self._pin)
-            size = waiter.sink.offer(self.consumer, delivery, waiter.bytes_left)
-            if size is None:
-                self._end(waiter, PullEnd.TOO_LARGE)
-                return deliveries[index:]
-            self._delivered(waiter)
-            if waiter.bytes_left is not None:
-                waiter.bytes_left -= size
-            waiter.batch_left -= 1
-            if waiter.batch_left == 0:
-                self._end(waiter, PullEnd.BYTES_LEFT if waiter.bytes_left else PullEnd.FILLED)
-        if waiter in self.waiters and waiter.ends_on_delivery and waiter.delivered:
-            self._end(waiter, PullEnd.DELIVERED)
-        return []
-
-    def _delivered(self, waiter: Waiter) -> None:
-        waiter.delivered += 1
-        self._handed += 1
-        self._schedule_beat(waiter)  # the idle timer restarts after each delivery
 
     async def _release(self, leftovers: Iterable[Delivery]) -> None:
         targets = [(d.job.id, d.job.attempt) for d in leftovers]
