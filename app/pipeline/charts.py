@@ -1,211 +1,211 @@
-"""Inline SVG charts for the HTML report: no JavaScript, no external files, no CDN."""
+"""The HTML report's charts, drawn in the browser by uPlot: the same library the operator
+console draws with (vendored once, app/ui/static/vendor, see VENDORED.md there).
+
+Python builds each chart as plain data (a Chart); the page carries the data as JSON, uPlot and
+a short drawing script inline. Inline rather than a script file beside the report: report.html
+stays one file that opens anywhere offline (copied, mailed, attached to a ticket, archived)
+with nothing to keep beside it, for about 55 kB. Colours come from the page's CSS variables,
+read again when the reader's light/dark preference changes, so each chart reads in both.
+"""
 
 from __future__ import annotations
 
-import math
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from html import escape
+from importlib import resources
+from typing import Any
 
-PALETTE = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#d62728",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-)
-
-_LEFT, _RIGHT, _TOP, _BOTTOM = 64, 16, 36, 56
-_FONT = 'font-family="system-ui, sans-serif" font-size="11"'
+# The console's copy: reading it by path keeps the pipeline from importing app.ui (FastAPI).
+_VENDOR = resources.files("app") / "ui" / "static" / "vendor"
+UPLOT_JS = "uPlot.iife.min.js"
+UPLOT_CSS = "uPlot.min.css"
+LABEL_CHARS = 24  # a category's label on the axis (the tables below carry the full names)
 
 
-def color(index: int) -> str:
-    return PALETTE[index % len(PALETTE)]
+@dataclass(frozen=True)
+class Chart:
+    """One chart as uPlot draws it: `x` and one list of values per series (None: no point).
 
+    kind "line": x in unix seconds. kind "bars": x are slots, one per (category, series) with a
+    free slot between categories; `ticks` are the categories' middle slots, `labels` their
+    names."""
 
-def nice_ticks(top: float, count: int = 5) -> list[float]:
-    """Round tick values from 0 to at least `top`."""
-    if top <= 0:
-        return [0.0, 1.0]
-    raw = top / count
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    return [i * step for i in range(math.ceil(top / step) + 1)]
+    kind: str
+    title: str
+    y_label: str
+    x: list[float] = field(default_factory=list)
+    series: dict[str, list[float | None]] = field(default_factory=dict)
+    ticks: list[float] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    percent: bool = False
 
+    @property
+    def empty(self) -> bool:
+        return not self.x or all(v is None for vs in self.series.values() for v in vs)
 
-def _number(value: float) -> str:
-    if value == 0:
-        return "0"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
-
-
-def _frame(width: int, height: int, title: str, body: list[str]) -> str:
-    return "\n".join(
-        [
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
-            f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
-            f'<text x="{_LEFT}" y="20" font-family="system-ui, sans-serif" font-size="14" '
-            'font-weight="600">'
-            f"{escape(title)}</text>",
-            *body,
-            "</svg>",
-        ]
-    )
-
-
-def _y_axis(ticks: list[float], width: int, height: int, label: str) -> list[str]:
-    plot_h = height - _TOP - _BOTTOM
-    out = []
-    for tick in ticks:
-        y = _TOP + plot_h - plot_h * tick / ticks[-1]
-        out.append(
-            f'<line x1="{_LEFT}" x2="{width - _RIGHT}" y1="{y:.1f}" y2="{y:.1f}" '
-            f'stroke="#e5e5e5"/>'
-            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" {_FONT}>'
-            f"{_number(tick)}</text>"
-        )
-    out.append(
-        f'<text transform="translate(14 {_TOP + plot_h / 2:.0f}) rotate(-90)" '
-        f'text-anchor="middle" {_FONT}>{escape(label)}</text>'
-    )
-    return out
-
-
-def _legend(names: Sequence[str], width: int, height: int) -> list[str]:
-    out = []
-    x = _LEFT
-    for i, name in enumerate(names):
-        out.append(
-            f'<rect x="{x}" y="{height - 18}" width="10" height="10" fill="{color(i)}"/>'
-            f'<text x="{x + 14}" y="{height - 9}" {_FONT}>{escape(name)}</text>'
-        )
-        x += 24 + 7 * len(name)
-        if x > width - 80:
-            break
-    return out
-
-
-def empty_chart(title: str, width: int = 900, height: int = 120) -> str:
-    body = [f'<text x="{_LEFT}" y="60" {_FONT}>no data yet</text>']
-    return _frame(width, height, title, body)
+    def spec(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "title": self.title,
+            "yLabel": self.y_label,
+            "x": self.x,
+            "series": [{"label": k, "values": v} for k, v in self.series.items()],
+            "ticks": self.ticks,
+            "labels": self.labels,
+            "percent": self.percent,
+        }
 
 
 def line_chart(
-    series: Mapping[str, Sequence[tuple[datetime, float]]],
-    *,
-    title: str,
-    y_label: str,
-    width: int = 900,
-    height: int = 320,
-) -> str:
-    """One line per series over time (e.g. jobs finished per hour, per consumer)."""
-    points = [p for values in series.values() for p in values]
-    if not points:
-        return empty_chart(title, width)
-    start = min(t for t, _ in points).timestamp()
-    end = max(t for t, _ in points).timestamp()
-    span = max(end - start, 1.0)
-    ticks = nice_ticks(max(v for _, v in points))
-    plot_w = width - _LEFT - _RIGHT
-    plot_h = height - _TOP - _BOTTOM
-
-    def xy(t: datetime, v: float) -> tuple[float, float]:
-        x = _LEFT + plot_w * (t.timestamp() - start) / span if end > start else _LEFT + plot_w / 2
-        return x, _TOP + plot_h - plot_h * v / ticks[-1]
-
-    body = _y_axis(ticks, width, height, y_label)
-    for i in range(6 if end > start else 1):
-        t = datetime.fromtimestamp(start + span * i / 5, tz=min(t for t, _ in points).tzinfo)
-        x, _ = xy(t, 0)
-        body.append(
-            f'<text x="{x:.1f}" y="{height - _BOTTOM + 16}" text-anchor="middle" {_FONT}>'
-            f"{t:%m-%d %H:%M}</text>"
-        )
-    for i, values in enumerate(series.values()):
-        ordered = sorted(values)
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(t, v) for t, v in ordered))
-        body.append(
-            f'<polyline class="series" points="{coords}" fill="none" stroke="{color(i)}" '
-            f'stroke-width="2"/>'
-        )
-        if len(ordered) <= 60:
-            body.extend(
-                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color(i)}"/>'
-                for x, y in (xy(t, v) for t, v in ordered)
-            )
-    body.extend(_legend(list(series), width, height))
-    return _frame(width, height, title, body)
+    series: Mapping[str, Sequence[tuple[datetime, float]]], *, title: str, y_label: str
+) -> Chart:
+    """One line per series over time (e.g. jobs finished per hour, per consumer), on the
+    union of the series' times."""
+    times = sorted({t for values in series.values() for t, _ in values})
+    x = [t.timestamp() for t in times]
+    aligned: dict[str, list[float | None]] = {}
+    for name, values in series.items():
+        at = {t: float(v) for t, v in values}
+        aligned[name] = [at.get(t) for t in times]
+    return Chart("line", title, y_label, x=x, series=aligned)
 
 
-def grouped_bars(
+def bar_chart(
     categories: Sequence[str],
     groups: Mapping[str, Sequence[float | None]],
     *,
     title: str,
     y_label: str,
-    width: int = 900,
-    height: int = 320,
-) -> str:
-    """For each category (consumer), one bar per group (p50, p95, p99); None draws no bar."""
-    values = [v for vs in groups.values() for v in vs if v is not None]
-    if not categories or not values:
-        return empty_chart(title, width)
-    ticks = nice_ticks(max(values))
-    plot_w = width - _LEFT - _RIGHT
-    plot_h = height - _TOP - _BOTTOM
-    slot = plot_w / len(categories)
-    bar = slot * 0.8 / len(groups)
-    body = _y_axis(ticks, width, height, y_label)
-    for c, category in enumerate(categories):
-        x0 = _LEFT + c * slot + slot * 0.1
-        for g, group_values in enumerate(groups.values()):
-            value = group_values[c]
-            if value is None:
-                continue
-            h = plot_h * value / ticks[-1]
-            body.append(
-                f'<rect class="bar" x="{x0 + g * bar:.1f}" y="{_TOP + plot_h - h:.1f}" '
-                f'width="{max(bar - 1, 1):.1f}" height="{h:.1f}" fill="{color(g)}">'
-                f"<title>{escape(category)} {escape(list(groups)[g])}: {_number(value)}</title>"
-                "</rect>"
-            )
-        body.append(
-            f'<text x="{x0 + slot * 0.4:.1f}" y="{height - _BOTTOM + 16}" text-anchor="middle" '
-            f"{_FONT}>{escape(category[:24])}</text>"
-        )
-    body.extend(_legend(list(groups), width, height))
-    return _frame(width, height, title, body)
+    percent: bool = False,
+) -> Chart:
+    """For each category (consumer), one bar per group (p50, p95, p99); None draws no bar.
+    uPlot has no grouped bars of its own: each bar gets a slot of its own on the x scale."""
+    names = list(groups)
+    width = len(names) + 1
+    x: list[float] = []
+    series: dict[str, list[float | None]] = {name: [] for name in names}
+    for c in range(len(categories)):
+        for g in range(len(names)):
+            x.append(float(c * width + g))
+            for h, name in enumerate(names):
+                series[name].append(groups[name][c] if h == g else None)
+    ticks = [c * width + (len(groups) - 1) / 2 for c in range(len(categories))]
+    labels = [name[:LABEL_CHARS] for name in categories]
+    return Chart("bars", title, y_label, x, series, ticks, labels, percent)
 
 
-def rate_bars(
-    labels: Sequence[str], rates: Sequence[float | None], *, title: str, width: int = 900
-) -> str:
-    """Horizontal bars for ratios in [0, 1], labelled as percentages."""
-    if not labels:
-        return empty_chart(title, width)
-    row = 22
-    height = _TOP + row * len(labels) + 16
-    label_w = 220
-    plot_w = width - label_w - 80
-    body = []
-    for i, (label, rate) in enumerate(zip(labels, rates, strict=True)):
-        y = _TOP + i * row
-        shown = "n/a" if rate is None else f"{rate * 100:.1f}%"
-        w = plot_w * (rate or 0.0)
-        body.append(
-            f'<text x="{label_w - 8}" y="{y + 14}" text-anchor="end" {_FONT}>'
-            f"{escape(label[:36])}</text>"
-            f'<rect x="{label_w}" y="{y + 3}" width="{plot_w}" height="{row - 6}" fill="#f0f0f0"/>'
-            f'<rect class="bar" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" '
-            f'fill="{color(3)}"/>'
-            f'<text x="{label_w + plot_w + 6}" y="{y + 14}" {_FONT}>{shown}</text>'
-        )
-    return _frame(width, height, title, body)
+def chart_html(chart: Chart, index: int) -> str:
+    """The chart's place on the page: a figure uPlot draws into (or a note when empty)."""
+    title = escape(chart.title)
+    if chart.empty:
+        return f'<figure class="chart empty"><figcaption>{title}</figcaption>no data yet</figure>'
+    return (
+        f'<figure class="chart"><figcaption>{title}</figcaption>'
+        f'<div class="plot" data-chart="{index}" role="img" aria-label="{title}"></div></figure>'
+    )
+
+
+def _inline_json(value: Any) -> str:
+    # Inside <script>: a "</" in a consumer's name must not end the element.
+    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
+
+
+def chart_scripts(charts: Sequence[Chart]) -> str:
+    """uPlot, its stylesheet, the charts' data and the script that draws them, all inline."""
+    uplot_js = (_VENDOR / UPLOT_JS).read_text(encoding="utf-8")
+    uplot_css = (_VENDOR / UPLOT_CSS).read_text(encoding="utf-8")
+    data = _inline_json([c.spec() for c in charts])
+    return (
+        f"<style>{uplot_css}</style>\n"
+        f"<script>{uplot_js}</script>\n"
+        f'<script type="application/json" id="chart-data">{data}</script>\n'
+        f"<script>{_DRAW}</script>"
+    )
+
+
+_DRAW = """
+(function () {
+  "use strict";
+  var specs = JSON.parse(document.getElementById("chart-data").textContent);
+  var plots = [];
+  function css(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+  function number(v, percent) {
+    if (v == null) return "-";
+    if (percent) return (v * 100).toFixed(v < 0.1 ? 1 : 0) + "%";
+    return Math.abs(v) >= 1000 ? Math.round(v).toLocaleString("en") : +v.toPrecision(3) + "";
+  }
+  function options(spec, el) {
+    var fg = css("--fg"), grid = css("--grid"), bars = spec.kind === "bars";
+    var axisFont = "12px system-ui, sans-serif";
+    var x = { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid },
+              font: axisFont };
+    if (bars) {
+      x.splits = function () { return spec.ticks; };
+      x.values = function () { return spec.labels; };
+      x.grid = { show: false };
+      if (spec.labels.length > 6) { x.rotate = -35; x.size = 90; }
+    } else {
+      x.space = 110;  // room for "MM-DD HH:MM", UTC as the title says
+      x.values = function (u, splits) {
+        return splits.map(function (ts) {
+          return new Date(ts * 1e3).toISOString().slice(5, 16).replace("T", " ");
+        });
+      };
+    }
+    var series = [{ label: bars ? "slot" : "time (UTC)" }];
+    spec.series.forEach(function (s, i) {
+      var color = css("--c" + (i % 10));
+      var one = { label: s.label, stroke: color, width: 2,
+                  value: function (u, v) { return number(v, spec.percent); } };
+      if (bars) {
+        one.fill = color;
+        one.paths = uPlot.paths.bars({ size: [0.9, 64] });
+        one.points = { show: false };
+      } else {
+        one.points = { show: s.values.length <= 60, size: 5, fill: color };
+        one.spanGaps = false;
+      }
+      series.push(one);
+    });
+    var last = spec.x.length ? spec.x[spec.x.length - 1] : 1;
+    return {
+      width: Math.min(el.clientWidth || 900, 1100), height: 320, padding: [12, 48, 0, 0],
+      tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"); },
+      scales: {
+        x: bars ? { time: false, range: function () { return [-1, last + 1]; } } : { time: true },
+        y: { range: function (u, min, max) { return [0, max > 0 ? max * 1.08 : 1]; } }
+      },
+      axes: [x, { stroke: fg, label: spec.yLabel, labelFont: axisFont, font: axisFont,
+                  grid: { stroke: grid, width: 1 }, ticks: { stroke: grid }, size: 64,
+                  values: function (u, splits) {
+                    return splits.map(function (v) { return number(v, spec.percent); });
+                  } }],
+      series: series,
+      legend: { live: !bars },
+      cursor: { points: { show: !bars } }
+    };
+  }
+  function draw() {
+    plots.forEach(function (p) { p.destroy(); });
+    plots = [];
+    document.querySelectorAll(".plot[data-chart]").forEach(function (el) {
+      var spec = specs[+el.getAttribute("data-chart")];
+      var data = [spec.x].concat(spec.series.map(function (s) { return s.values; }));
+      plots.push(new uPlot(options(spec, el), data, el));
+    });
+  }
+  draw();
+  var dark = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)");
+  if (dark && dark.addEventListener) dark.addEventListener("change", draw);
+  var pending = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(pending);
+    pending = setTimeout(draw, 200);
+  });
+})();
+"""
