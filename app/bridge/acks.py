@@ -120,6 +120,8 @@ class AckProcessor:
             if consumer is None or consumer.type is not ConsumerType.PULL:
                 self._reply_all(acks)
                 continue
+            if self._engine.activity is not None:
+                self._engine.activity.touch(consumer)
             applicable = [a for a in acks if a.command.kind in _KINDS]
             unanswered: set[int] = set()
             for round_ in _rounds(applicable):

@@ -239,6 +239,9 @@ class ApiHandler:
             deliver_policy=spec.deliver_policy,
             metadata=spec.metadata_dict(),
             required_level=required_level(spec),
+            durable=spec.durable,
+            ack_policy=spec.ack_policy,
+            inactive_threshold=spec.inactive_threshold,
         )
 
     async def _create(self, tokens: list[str], body: bytes) -> bytes:

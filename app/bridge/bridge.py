@@ -24,6 +24,7 @@ from nats.aio.subscription import Subscription
 
 from app.bridge import protocol as p
 from app.bridge.acks import AckProcessor, InboundAck
+from app.bridge.activity import Activity
 from app.bridge.advisories import AdvisoryPublisher
 from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
 from app.bridge.client import client_options, tls_context
@@ -41,6 +42,8 @@ from app.services.tokens import TokenKeys
 log = logging.getLogger(__name__)
 
 HYBRID_ACK_PREFIX = p.DEFAULT_ACK_PREFIX
+# An AckNone consumer's delivery, acknowledged by the bridge as it is sent.
+SENT = p.parse_ack(b"+ACK")
 # How long stopping waits for the last writes and the connection's close.
 CLOSE_SECONDS = 5.0
 
@@ -159,6 +162,9 @@ class Bridge:
             manage=config.allow_consumer_management,
         )
         self.acks = AckProcessor(self.service, self.cache.get, self.engine, self.out, self._publish)
+        self.activity = Activity(self.service.mark_active, self.engine.num_waiting)
+        self.engine.activity = self.activity
+        self.engine.settle = self._settle
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
@@ -181,6 +187,9 @@ class Bridge:
             self._tasks.append(asyncio.create_task(self.leaf.run(self._stop), name="bridge-leaf"))
             await asyncio.wait_for(self.leaf.connected.wait(), timeout=10)
         self._tasks.append(asyncio.create_task(self.acks.run(self._stop), name="bridge-acks"))
+        self._tasks.append(
+            asyncio.create_task(self.activity.run(self._stop), name="bridge-activity")
+        )
         queue = config.queue_group
         api = config.api_prefix
         for subject in (
@@ -310,6 +319,9 @@ class Bridge:
                 self.engine.submit(found.consumer, reply, body)
             except Exception:  # one bad request must not cost the others queued beside it
                 log_failure(log, "pull request for %s.%s failed", *key)
+
+    def _settle(self, token: p.AckToken) -> None:
+        self.acks.submit(InboundAck(token, SENT, None))
 
     def _ack(self, subject: str, reply: str | None, payload: bytes) -> None:
         token = p.parse_ack_subject(self.ack_prefix, subject)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from app.bridge import protocol as p
+from app.bridge.activity import Activity
 from app.domain.models import Consumer, ConsumerType, PulledJob
 from app.domain.nats_consumers import backoff_lease
 from app.domain.priority import PullRefused, check_pull
@@ -27,6 +28,8 @@ from app.services.scheduler import PullScheduler, Waiter
 log = logging.getLogger(__name__)
 # (consumer pk, {lease seconds: [(job id, attempt)]}): writes the leases.
 ApplyBackoff = Callable[[int, dict[int, list[tuple[int, int]]]], Awaitable[None]]
+# Settles a delivery of an AckNone consumer as it is sent (the ack processor's, as an ack).
+Settle = Callable[[p.AckToken], None]
 
 
 class Outbound(Protocol):
@@ -119,7 +122,8 @@ class NatsRequest:
             timestamp=timestamp_ns(job.created_at),
             pending=delivery.pending,
         )
-        reply = p.ack_subject(self.engine.ack_prefix, token)
+        engine = self.engine
+        reply = p.ack_subject(engine.ack_prefix, token)
         backoff = consumer.options.backoff
         if backoff and job.attempt > 1:
             self.engine.lease_for(consumer, job.id, job.attempt)
@@ -138,7 +142,11 @@ class NatsRequest:
             # clients that tell deliveries from statuses by the subject (the JS client) see
             # the stored subject, the channel id.
             reply = f"{reply}@{consumer.channel_id}"
-        self.engine.out.send(self.reply, reply, header, job.payload)
+        engine.out.send(self.reply, reply, header, job.payload)
+        if engine.activity is not None:
+            engine.activity.touch(consumer)
+        if consumer.options.ack_policy == "none" and engine.settle is not None:
+            engine.settle(token)  # AckNone: DELIVERED once sent, as nats-server counts it
         return size
 
     def end(self, outcome: PullEnd, waiter: Waiter, pending: int) -> None:
@@ -182,6 +190,9 @@ class PullEngine:
         # per consumer and length (`apply_backoff`, the bridge service's).
         self.apply_backoff = apply_backoff
         self._leases: dict[int, dict[int, list[tuple[int, int]]]] = {}
+        # Set by the bridge: expiring consumers' use, and AckNone consumers' acks.
+        self.activity: Activity | None = None
+        self.settle: Settle | None = None
         self._leasing: asyncio.Task[None] | None = None
 
     def lease_for(self, consumer: Consumer, job_id: int, attempt: int) -> None:
@@ -240,6 +251,8 @@ class PullEngine:
         except PullRefused as exc:
             self.status(reply, 400, exc.description)
             return
+        if self.activity is not None:
+            self.activity.touch(consumer)
         if self.scheduler.full(consumer.pk):
             if not spec.heartbeat:  # the server drops a heartbeat request silently
                 self.status(reply, *p.EXCEEDED_MAX_WAITING)

@@ -831,6 +831,9 @@ class ConsumerView:
     deliver_policy: str = "all"
     metadata: Mapping[str, str] | None = None
     required_level: int = 0
+    durable: bool = True
+    ack_policy: str = "explicit"
+    inactive_threshold: int = 0  # ns
 
 
 # Go's zero time.Time, which INFO shows as a group's pinned_ts while nothing is pinned.
@@ -845,22 +848,26 @@ def consumer_info_document(
     view: ConsumerView, now: datetime, kind: str | None = INFO_TYPE
 ) -> dict[str, object]:
     """A ConsumerInfo; `kind` None for one inside CONSUMER.LIST (no `type` of its own)."""
-    config: dict[str, object] = {"durable_name": view.name, "name": view.name}
+    config: dict[str, object] = (
+        {"durable_name": view.name, "name": view.name} if view.durable else {"name": view.name}
+    )
     if view.description:
         config["description"] = view.description
+    config |= {"deliver_policy": view.deliver_policy, "ack_policy": view.ack_policy}
+    if view.ack_wait:  # omitempty, as Go writes it
+        config["ack_wait"] = view.ack_wait
     config |= {
-        "deliver_policy": view.deliver_policy,
-        "ack_policy": "explicit",
-        "ack_wait": view.ack_wait,
         "max_deliver": view.max_deliver,
         "filter_subject": view.stream,
         "replay_policy": "instant",
         "max_waiting": view.max_waiting,
-        "max_ack_pending": view.max_ack_pending,
-        "max_batch": view.max_batch,
-        "max_expires": view.max_expires,
-        "num_replicas": 0,
     }
+    if view.max_ack_pending:
+        config["max_ack_pending"] = view.max_ack_pending
+    config |= {"max_batch": view.max_batch, "max_expires": view.max_expires}
+    if view.inactive_threshold:
+        config["inactive_threshold"] = view.inactive_threshold
+    config["num_replicas"] = 0
     if view.backoff:
         config["backoff"] = list(view.backoff)
     # nats-server's own keys beside the consumer's (server/jetstream_versioning.go): the API

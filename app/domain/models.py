@@ -80,6 +80,11 @@ class ConsumerOptions:
     description: str | None = None
     metadata: dict[str, str] | None = None
     deliver_policy: str | None = None
+    # Migration 0014: made without a durable name; 'none' acknowledges nothing (None:
+    # explicit); deleted after `inactive_threshold` ns unused (None: never).
+    ephemeral: bool = False
+    ack_policy: str | None = None
+    inactive_threshold: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

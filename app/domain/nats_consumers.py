@@ -30,6 +30,8 @@ DEFAULT_ACK_WAIT = 30 * NANOS
 DEFAULT_MAX_ACK_PENDING = 1000
 DEFAULT_MAX_WAITING = 512  # JSWaitQueueDefaultMax
 DEFAULT_PINNED_TTL = 120 * NANOS
+# JsDeleteWaitTimeDefault: an ephemeral consumer without an inactive threshold gets this one.
+DEFAULT_EPHEMERAL_THRESHOLD = 5 * NANOS
 MAX_DESCRIPTION = 4 * 1024  # JSMaxDescriptionLen
 MAX_METADATA = 128 * 1024  # JSMaxMetadataLen
 MAX_INTEGER = 2**31 - 1  # the consumer's INTEGER columns
@@ -50,6 +52,9 @@ DELIVER_POLICIES = (
 # What the broker does today: a new consumer gets jobs for messages published from its creation
 # on, which is "all" while the channel holds no message.
 SUPPORTED_DELIVER_POLICIES = ("all", "new")
+# AckNone: a job is DELIVERED as it is sent. AckAll would settle a job's predecessors too,
+# which the broker's per-job acks do not.
+SUPPORTED_ACK_POLICIES = ("explicit", "none")
 ACK_POLICIES = ("none", "all", "explicit", "flow_control")
 REPLAY_POLICIES = ("instant", "original")
 ACTIONS = {"": "create_or_update", "create": "create", "update": "update"}
@@ -274,6 +279,8 @@ class ConsumerSpec:
     max_ack_pending: int = DEFAULT_MAX_ACK_PENDING
     metadata: tuple[tuple[str, str], ...] = ()  # without nats-server's own keys
     priority: PrioritySettings = field(default_factory=PrioritySettings)
+    durable: bool = True
+    inactive_threshold: int = 0  # ns, 0: never deleted for inactivity
 
     def metadata_dict(self) -> dict[str, str] | None:
         return dict(self.metadata) or None
@@ -334,6 +341,11 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
             400, 10107, f"consumer description is too long, maximum allowed is {MAX_DESCRIPTION}"
         )
     max_waiting = int(config.get("max_waiting") or 0)
+    is_durable = bool(config.get("durable_name"))
+    inactive_threshold = max(int(config.get("inactive_threshold") or 0), 0)
+    if not is_durable and inactive_threshold == 0:
+        # updateInactiveThreshold: ephemerals always expire, and the config shows it.
+        inactive_threshold = DEFAULT_EPHEMERAL_THRESHOLD
     if not deliver_subject:
         if _nonzero(config, "rate_limit_bps"):
             raise jetstream_error(400, 10086, "consumer in pull mode can not have rate limit set")
@@ -374,14 +386,16 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         raise jetstream_error(400, 10135, "consumer metadata exceeds maximum size of 128KB")
     priority = _priority(config)
 
-    if ack_wait == 0:
+    if ack_wait == 0 and ack_policy in ("explicit", "all"):
         ack_wait = DEFAULT_ACK_WAIT
     if backoff:
         ack_wait = backoff[0]
+    if ack_policy == "none" and not backoff and not _nonzero(config, "ack_wait"):
+        ack_wait = 0  # nats-server sets no ack wait for a consumer that takes no acks
     max_ack_pending = int(config.get("max_ack_pending") or 0)
     if max_ack_pending < -1:
         max_ack_pending = -1
-    if max_ack_pending == 0:
+    if max_ack_pending == 0 and ack_policy != "none":
         max_ack_pending = DEFAULT_MAX_ACK_PENDING
     if max_waiting == 0:
         max_waiting = DEFAULT_MAX_WAITING
@@ -399,6 +413,8 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         max_ack_pending=max_ack_pending,
         metadata=tuple(sorted(metadata.items())),
         priority=priority,
+        durable=is_durable,
+        inactive_threshold=inactive_threshold,
     )
 
 
@@ -412,11 +428,6 @@ def refuse_unsupported(
     deliver_policy = spec.deliver_policy
     filter_subject = str(config.get("filter_subject") or "")
     filters = list(config.get("filter_subjects") or [])
-    if not name:
-        raise unsupported(
-            "ephemeral consumers",
-            f"name the consumer (durable_name or name) to create a pull consumer on {stream!r}",
-        )
     if len(name) > MAX_FIELD_LENGTH or "\x00" in name:
         raise jetstream_error(
             400, 10102, f"consumer name is too long, maximum allowed is {MAX_FIELD_LENGTH}"
@@ -425,9 +436,10 @@ def refuse_unsupported(
         raise unsupported("push consumers over NATS (deliver_subject)", "use a pull consumer")
     if config.get("deliver_group"):
         raise unsupported("deliver_group", "it is a push consumer setting")
-    if ack_policy != "explicit":
+    if ack_policy not in SUPPORTED_ACK_POLICIES:
         raise unsupported(
-            f"ack_policy {ack_policy}", "a broker consumer acknowledges each job (explicit)"
+            f"ack_policy {ack_policy}",
+            "a broker consumer acknowledges each job (explicit) or none (none)",
         )
     if deliver_policy not in SUPPORTED_DELIVER_POLICIES:
         raise unsupported(f"deliver_policy {deliver_policy}", "use all or new")
@@ -437,7 +449,6 @@ def refuse_unsupported(
         "sample_freq",
         "headers_only",
         "max_bytes",
-        "inactive_threshold",
         "mem_storage",
         "sourcing",
         "pause_until",
@@ -461,7 +472,8 @@ def refuse_unsupported(
                 f"{setting} {config[setting]}",
                 f"every consumer has this bridge's limit ({allowed}, set by [pull])",
             )
-    for setting, nanos in (("ack_wait", spec.ack_wait), *(("backoff", v) for v in spec.backoff)):
+    waits = [("ack_wait", spec.ack_wait)] if spec.ack_wait or ack_policy != "none" else []
+    for setting, nanos in (*waits, *(("backoff", v) for v in spec.backoff)):
         if nanos % NANOS or not NANOS <= nanos <= MAX_INTEGER * NANOS:
             raise unsupported(
                 f"{setting} of {nanos} ns", "ack waits are whole seconds, at least 1 s"
@@ -490,7 +502,6 @@ _WHY = {
     "sample_freq": "the bridge sends no ack sampling advisories",
     "headers_only": "jobs are delivered with their payload",
     "max_bytes": "the bridge limits a request's bytes only as the request asks",
-    "inactive_threshold": "only ephemeral consumers expire, and those are not supported yet",
     "mem_storage": "jobs are stored in the broker's database",
     "sourcing": "it is for stream sourcing",
     "pause_until": "consumers cannot be paused",
@@ -584,19 +595,25 @@ def spec_of(consumer: Consumer, limits: ProcessLimits) -> ConsumerSpec:
     priority = consumer.priority
     if priority.active and priority.policy is PriorityPolicy.PINNED_CLIENT:
         priority = replace(priority, timeout_seconds=priority.timeout())
+    ack_none = options.ack_policy == "none"
     return ConsumerSpec(
         name=consumer.id,
         description=options.description or "",
         deliver_policy=options.deliver_policy or "all",
-        ack_wait=consumer.ack_wait(limits.default_ack_wait) * NANOS,
+        ack_policy=options.ack_policy or "explicit",
+        ack_wait=0
+        if ack_none and not consumer.ack_wait_seconds
+        else consumer.ack_wait(limits.default_ack_wait) * NANOS,
         max_deliver=options.max_deliver
         if options.max_deliver is not None
         else limits.max_retry + 1,
         backoff=tuple(v * NANOS for v in options.backoff),
         max_waiting=options.max_waiting or limits.max_waiting,
-        max_ack_pending=consumer.max_ack_pending or -1,
+        max_ack_pending=consumer.max_ack_pending or (0 if ack_none else -1),
         metadata=tuple(sorted((options.metadata or {}).items())),
         priority=priority if priority.active else PrioritySettings(),
+        durable=not options.ephemeral,
+        inactive_threshold=options.inactive_threshold or 0,
     )
 
 
@@ -619,7 +636,7 @@ def check_update(current: ConsumerSpec, wanted: ConsumerSpec) -> None:
 def column_values(spec: ConsumerSpec) -> dict[str, Any]:
     """The consumer columns a spec sets (the HTTP API's own columns keep their meaning)."""
     return {
-        "ack_wait_seconds": spec.ack_wait // NANOS,
+        "ack_wait_seconds": spec.ack_wait // NANOS or None,
         "max_ack_pending": spec.max_ack_pending if spec.max_ack_pending > 0 else None,
         "max_deliver": spec.max_deliver,
         "max_waiting": spec.max_waiting,
@@ -630,6 +647,9 @@ def column_values(spec: ConsumerSpec) -> dict[str, Any]:
         "priority_group": spec.priority.group,
         "priority_policy": spec.priority.policy.value,
         "priority_timeout_seconds": spec.priority.timeout_seconds,
+        "ephemeral": not spec.durable,
+        "ack_policy": None if spec.ack_policy == "explicit" else spec.ack_policy,
+        "inactive_threshold": spec.inactive_threshold or None,
     }
 
 

@@ -19,6 +19,7 @@ def sweep_service(process: Process) -> SweepService:
         config.pull.sweep_batch_size,
         process.advisories,
         process.metrics.transition,
+        tokens=process.tokens,
     )
 
 

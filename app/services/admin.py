@@ -23,6 +23,7 @@ from app.domain.models import (
 from app.domain.priority import NO_PRIORITY, PrioritySettings, parse_policy, priority_settings
 from app.domain.signing import new_signing_secret, parse_signing_secret
 from app.services.tokens import TokenKeys
+from app.store.bridge import BridgeStore
 from app.store.db import Database, Tx
 from app.store.push_state import PushStateStore
 from app.store.stakeholders import (
@@ -332,9 +333,11 @@ class AdminService:
         if_unmodified_since: str | None,
         *,
         unconditional: bool = False,
-    ) -> None:
+        only_if_inactive: bool = False,
+    ) -> bool:
         """`unconditional`: without the If-Unmodified-Since check (a NATS CONSUMER.DELETE,
-        which has no such header)."""
+        which has no such header). `only_if_inactive`: the sweeper's, for a consumer past its
+        inactive threshold; False when it was used meanwhile (kept)."""
         async with self._db.transaction() as tx:
             store = ConsumerStore(tx)
             existing = await store.get(channel_id, consumer_id, for_update=True)
@@ -342,9 +345,12 @@ class AdminService:
                 raise NotFound(f"consumer {consumer_id!r} not found in channel {channel_id!r}")
             if not unconditional:
                 check_unmodified_since(existing.updated_at, if_unmodified_since)
+            if only_if_inactive and not await BridgeStore(tx).still_inactive(existing.pk):
+                return False
             await store.delete(existing.pk)
             # Pulls waiting on this consumer re-check it, find it gone and return.
             tx.announce_change([existing.pk])
+        return True
 
     async def list_consumers(self, channel_id: str, cursor: Cursor) -> Page[Consumer]:
         async with self._db.transaction() as tx:

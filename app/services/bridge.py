@@ -93,6 +93,11 @@ class BridgeService:
         """Consumer management over NATS, deleting through the management API's service."""
         return ConsumerManagement(self._db, AdminService(self._db, tokens), limits)
 
+    async def mark_active(self, consumer_pks: list[int]) -> None:
+        """Consumers with an inactive threshold in use just now (app/bridge/activity.py)."""
+        async with self._db.transaction() as tx:
+            await BridgeStore(tx).mark_active(consumer_pks)
+
     async def apply_backoff(
         self, consumer_pk: int, leases: dict[int, list[tuple[int, int]]]
     ) -> None:

@@ -5,8 +5,10 @@ too; deleting one is the management API's delete (AdminService), so its jobs go 
 
 from __future__ import annotations
 
+import secrets
+import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from app.domain.errors import NotFound
@@ -54,6 +56,14 @@ def push_based(consumer: Consumer) -> ConsumerApiError:
     )
 
 
+EPHEMERAL_NAME_LENGTH = 8
+_NAME_ALPHABET = string.ascii_letters + string.digits
+
+
+def ephemeral_name() -> str:
+    return "".join(secrets.choice(_NAME_ALPHABET) for _ in range(EPHEMERAL_NAME_LENGTH))
+
+
 @dataclass(frozen=True, slots=True)
 class Created:
     consumer: Consumer
@@ -78,6 +88,10 @@ class ConsumerManagement:
             if await channels(tx).get(stream) is None:
                 raise stream_not_found()
             wanted = check_config(request.config)
+            if not wanted.name:
+                # An ephemeral consumer the request does not name: named as nats-server names
+                # one (createConsumerName), for the client to bind to.
+                wanted = replace(wanted, name=ephemeral_name())
             store = ConsumerStore(tx)
             existing = await store.get(stream, wanted.name, for_update=True)
             if existing is None:

@@ -1,4 +1,5 @@
-"""The requeue sweep: expired leases go back to the queue, or to the dead letters."""
+"""The requeue sweep: expired leases go back to the queue, or to the dead letters; and
+consumers past their inactive threshold (ephemeral ones made over NATS) are deleted."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.domain import advisories
+from app.domain.errors import NotFound
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import Job, Observe, ignore
+from app.services.admin import AdminService
 from app.services.advisories import Advisories
 from app.services.pinning import PinService
+from app.services.tokens import TokenKeys
 from app.store import upkeep
+from app.store.bridge import BridgeStore
 from app.store.db import Database
 from app.store.jobs import JobStore
 from app.store.stakeholders import ConsumerStore
@@ -23,6 +28,7 @@ class LeaseHorizon:
 
     next_end: datetime | None
     shortest_ack_wait: int | None
+    next_inactive: datetime | None = None  # the earliest a consumer may run out
 
 
 class SweepService:
@@ -33,6 +39,7 @@ class SweepService:
         batch_size: int,
         advisories: Advisories | None = None,
         observe: Observe = ignore,
+        tokens: TokenKeys | None = None,
     ) -> None:
         self._observe = observe
         self._db = db
@@ -40,6 +47,9 @@ class SweepService:
         self._batch = batch_size
         self._advisories = advisories or Advisories()
         self._pins = PinService(db, self._advisories)
+        # Deleting an inactive consumer is the management API's delete (its jobs go the same
+        # way); without the token keys (a root that passes none) consumers never expire here.
+        self._admin = AdminService(db, tokens) if tokens is not None else None
 
     async def sweep_once(self) -> int:
         """Sweep one bounded batch; returns how many jobs it moved."""
@@ -76,7 +86,27 @@ class SweepService:
             return LeaseHorizon(
                 await JobStore(tx).next_lease_end(),
                 await ConsumerStore(tx).shortest_ack_wait(),
+                await BridgeStore(tx).next_inactive_at() if self._admin else None,
             )
+
+    async def expire_inactive(self, batch: int = 100) -> list[tuple[str, str]]:
+        """Delete the consumers past their inactive threshold, each re-checked under its row
+        lock (a pull arriving meanwhile keeps it); returns (channel, consumer) of those gone."""
+        if self._admin is None:
+            return []
+        async with self._db.transaction() as tx:
+            candidates = await BridgeStore(tx).inactive_consumers(batch)
+        gone = []
+        for channel_id, consumer_id in candidates:
+            try:
+                deleted = await self._admin.delete_consumer(
+                    channel_id, consumer_id, None, unconditional=True, only_if_inactive=True
+                )
+            except NotFound:  # deleted meanwhile
+                continue
+            if deleted:
+                gone.append((channel_id, consumer_id))
+        return gone
 
     async def vacuum_if_needed(self, min_dead_jobs: int) -> bool:
         """Vacuum the job table (PostgreSQL) once `min_dead_jobs` row versions are dead."""

@@ -12,7 +12,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    case,
+    cast,
+    exists,
+    func,
+    select,
+    tuple_,
+    type_coerce,
+    update,
+)
 
 from app.domain.jobs import JobStatus
 from app.domain.models import Consumer, ConsumerType, StreamState
@@ -20,6 +31,7 @@ from app.store.db import Tx, now, plus_seconds, upsert
 from app.store.jobs import status_in, status_is
 from app.store.schema import bridge_consumer, channel, consumer, job, message
 from app.store.stakeholders import consumer_from_row
+from app.store.types import Timestamp
 
 QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
@@ -225,6 +237,69 @@ class BridgeStore:
             .values(lease_expires_at=plus_seconds(self._tx.dialect, job.c.claimed_at, seconds))
         )
         return int(result.rowcount or 0)
+
+    # -- inactive thresholds (ephemeral consumers; migration 0014) ----------------------------
+
+    async def mark_active(self, consumer_pks: Seq[int]) -> int:
+        """Consumers in use (a pull request waiting or arrived, a delivery, an ack): their
+        inactivity starts over. Only those that can expire are written."""
+        if not consumer_pks:
+            return 0
+        result = await self._tx.conn.execute(
+            update(consumer)
+            .where(
+                consumer.c.pk.in_(list(consumer_pks)), consumer.c.inactive_threshold.is_not(None)
+            )
+            .values(last_active_at=self._now)
+        )
+        return int(result.rowcount or 0)
+
+    def _inactive_since(self) -> ColumnElement[Any]:
+        """When an expiring consumer's threshold runs out, counted from its last use."""
+        seconds = cast(consumer.c.inactive_threshold, Float) / 1e9
+        return plus_seconds(
+            self._tx.dialect,
+            func.coalesce(consumer.c.last_active_at, consumer.c.created_at),
+            seconds,
+        )
+
+    def _inactive(self) -> list[ColumnElement[bool]]:
+        """Past its threshold, and no delivery whose ack wait (plus the threshold) is still
+        running: nats-server waits for the last delivery it may still be acked for."""
+        seconds = cast(consumer.c.inactive_threshold, Float) / 1e9
+        lease_running = exists().where(
+            job.c.consumer_pk == consumer.c.pk,
+            status_is(INFLIGHT),
+            plus_seconds(self._tx.dialect, job.c.lease_expires_at, seconds) > self._now,
+        )
+        return [
+            consumer.c.inactive_threshold.is_not(None),
+            self._inactive_since() < self._now,
+            ~lease_running,
+        ]
+
+    async def inactive_consumers(self, limit: int) -> list[tuple[str, str]]:
+        """(channel, consumer) of consumers past their inactive threshold."""
+        rows = await self._tx.conn.execute(
+            select(consumer.c.channel_id, consumer.c.consumer_id)
+            .where(*self._inactive())
+            .order_by(consumer.c.pk)
+            .limit(limit)
+        )
+        return [(str(r.channel_id), str(r.consumer_id)) for r in rows]
+
+    async def still_inactive(self, consumer_pk: int) -> bool:
+        """Re-checked under the consumer's row lock, just before it is deleted."""
+        query = select(consumer.c.pk).where(consumer.c.pk == consumer_pk, *self._inactive())
+        return (await self._tx.conn.execute(query)).first() is not None
+
+    async def next_inactive_at(self) -> datetime | None:
+        """The earliest moment an expiring consumer may run out (None: none can)."""
+        query = select(type_coerce(func.min(self._inactive_since()), Timestamp())).where(
+            consumer.c.inactive_threshold.is_not(None)
+        )
+        value: datetime | None = (await self._tx.conn.execute(query)).scalar_one_or_none()
+        return value
 
 
 def _greater(a: ColumnElement[Any], b: ColumnElement[Any]) -> ColumnElement[Any]:

@@ -109,7 +109,20 @@ consumer = Table(
     Column("description", Text(), nullable=True),
     Column("metadata", JSON(), nullable=True),
     Column("deliver_policy", String(32), nullable=True),
+    # Migration 0014: ephemeral (made without a durable name), 'none' to acknowledge nothing
+    # (NULL: explicit), deleted by the sweeper `inactive_threshold` ns after `last_active_at`
+    # (the bridge's last pull request, delivery or ack; NULL: never expires).
+    Column("ephemeral", Boolean(), nullable=False, server_default=false()),
+    Column("ack_policy", String(16), nullable=True),
+    Column("inactive_threshold", BigInteger(), nullable=True),
+    Column("last_active_at", Timestamp(), nullable=True),
     UniqueConstraint("channel_id", "consumer_id"),
+    Index(
+        "ix_consumer_inactive",
+        "inactive_threshold",
+        postgresql_where=text("inactive_threshold IS NOT NULL"),
+        sqlite_where=text("inactive_threshold IS NOT NULL"),
+    ),
 )
 
 # What dispatchers learn while pushing (migration 0007): disabled by a 410, and the circuit

@@ -78,6 +78,9 @@ def consumer_from_row(row: Row[Any]) -> Consumer:
             description=row.description,
             metadata=dict(row.metadata) if row.metadata else None,
             deliver_policy=row.deliver_policy,
+            ephemeral=bool(row.ephemeral),
+            ack_policy=row.ack_policy,
+            inactive_threshold=row.inactive_threshold,
         ),
     )
 

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 # door holds it) is looked at again after MIN_PAUSE, not at once, so that no sweeper spins.
 LEASE_END_MARGIN = 0.005
 MIN_PAUSE = 0.01
+INACTIVE_RECHECK = 0.25
 # A vacuum of V seconds (it reads every index of the job table whole, so V grows with the
 # table) buys back what claims lose walking the dead entries that pile up until it runs, which
 # grows with the square of the wait: one every T seconds costs V / T + a T / 2 a second, least
@@ -64,6 +65,12 @@ class Sweeper:
                         log.info("sweeper requeued or dead-lettered %d expired jobs", moved)
                     for consumer_pk, group in await self._sweeps.expire_pins():
                         log.info("pin of group %s of consumer %s lapsed", group, consumer_pk)
+                    for channel_id, consumer_id in await self._sweeps.expire_inactive():
+                        log.info(
+                            "consumer %s of channel %s deleted: inactive past its threshold",
+                            consumer_id,
+                            channel_id,
+                        )
                     pause = await self._pause()
                 except Exception:
                     log_failure(log, "sweep failed; trying again next round")
@@ -88,6 +95,11 @@ class Sweeper:
         if horizon.next_end is not None:
             until = (horizon.next_end - datetime.now(UTC)).total_seconds()
             pause = min(pause, until + LEASE_END_MARGIN if until > 0 else MIN_PAUSE)
+        if horizon.next_inactive is not None:
+            # A consumer past its threshold but kept (a delivery's ack wait still running) is
+            # looked at again after INACTIVE_RECHECK, not at once.
+            until = (horizon.next_inactive - datetime.now(UTC)).total_seconds()
+            pause = min(pause, max(until + LEASE_END_MARGIN, INACTIVE_RECHECK))
         return pause
 
     async def _vacuum_loop(self, stop: asyncio.Event) -> None:

@@ -363,18 +363,16 @@ async def test_a_consumer_made_over_nats_is_a_broker_consumer(
 
 
 REFUSED: dict[str, dict[str, Any]] = {
-    "ephemeral": {"ack_policy": "explicit"},
     "push": {"durable_name": "p", "ack_policy": "explicit", "deliver_subject": "x.y"},
-    "ack_none": {"durable_name": "n", "ack_policy": "none"},
+    "ack_all": {"durable_name": "n", "ack_policy": "all"},
     "deliver_last": {"durable_name": "l", "ack_policy": "explicit", "deliver_policy": "last"},
     "sub_second_ack_wait": {"durable_name": "s", "ack_policy": "explicit", "ack_wait": NANOS // 2},
     "other_subject": {"durable_name": "o", "ack_policy": "explicit", "filter_subject": "x"},
     "headers_only": {"durable_name": "h", "ack_policy": "explicit", "headers_only": True},
 }
 REFUSED_WORDS = {
-    "ephemeral": "ephemeral consumers",
     "push": "deliver_subject",
-    "ack_none": "ack_policy none",
+    "ack_all": "ack_policy all",
     "deliver_last": "deliver_policy last",
     "sub_second_ack_wait": "ack_wait",
     "other_subject": "filter_subject x",
