@@ -146,6 +146,12 @@ class Metrics:
             registry=self.registry,
         )
         self._pushed_by_outcome: dict[str, Counter] = {}
+        self.push_rounds = Counter(
+            "webhook_broker_push_dispatch_rounds",
+            "Rounds of the push dispatcher through the push consumers, each claiming what was"
+            " due for them (it grows while a dispatcher runs, busy or idle).",
+            registry=self.registry,
+        )
         self.push_seconds = Histogram(
             "webhook_broker_push_delivery_duration_seconds",
             "Time from sending a push to its answer (or failure).",

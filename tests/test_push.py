@@ -14,6 +14,7 @@ import pytest
 
 from app.config import Config
 from app.runtime import Runtime
+from tests.helpers.metrics import a_dispatcher_round
 from tests.helpers.push import broker, job_of, publish, setup_push, wait_for_status
 from tests.helpers.receiver import Receiver, running_receiver
 from tests.helpers.waiting import eventually
@@ -174,7 +175,7 @@ async def test_switching_a_consumer_to_pull_stops_pushes(
     )
     assert r.status_code == 200, r.text
     await publish(push_client, b"payload", "m-pull")
-    await asyncio.sleep(1.5)
+    await a_dispatcher_round(push_client)  # a push consumer's job would be claimed in it
     assert receiver.count("/switch") == 0
     r = await push_client.post(
         "/channel/c1/consumer/k1/pull", json={"batch": 1, "no_wait": True}, headers=CONSUMER_AUTH

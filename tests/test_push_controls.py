@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from app.config import Config
 from app.dispatch.http import Poster
+from tests.helpers.metrics import a_dispatcher_round
 from tests.helpers.push import broker, job_of, publish, setup_push, wait_for_status
 from tests.helpers.receiver import Receiver, running_receiver
 from tests.helpers.waiting import eventually
@@ -177,8 +179,7 @@ async def test_410_disables_push_and_a_put_enables_it(
     assert consumer["DisabledAt"]
     assert "410" in consumer["DisabledReason"]
     await publish(http, b"two", "m2")
-    # Time passes on purpose: past the dispatcher's idle interval, nothing goes out.
-    await asyncio.sleep(1.5)
+    await a_dispatcher_round(http)  # it would have claimed m2 (m1 is due too)
     assert receiver.count("/hook") == 1
     assert (await job_of(http, "m1"))["Status"] == "QUEUED"
     assert (await job_of(http, "m2"))["Status"] == "QUEUED"
@@ -196,7 +197,12 @@ async def test_the_breaker_opens_burns_no_retries_and_closes_on_recovery(
 ) -> None:
     healthy = False
     receiver.respond = lambda _path, _n: (200, 0.0) if healthy else (500, 0.0)
-    async with broker(with_retries(config, 10), sweeper=True, dispatcher=True) as http:
+    # Open for 4 s: the jobs come due (a second's backoff) and a round passes well within it.
+    config = dataclasses.replace(
+        with_retries(config, 10),
+        push=dataclasses.replace(config.push, breaker_cooldown_seconds=4),
+    )
+    async with broker(config, sweeper=True, dispatcher=True) as http:
         await setup_push(http, receiver.url + "/hook")
         for n in range(3):
             await publish(http, b"x", f"m{n}")
@@ -211,8 +217,20 @@ async def test_the_breaker_opens_burns_no_retries_and_closes_on_recovery(
         assert state["OpenUntil"], state
         # The jobs are due again after a second's backoff, but the breaker holds them.
         seen = receiver.count("/hook")
-        await asyncio.sleep(1.2)  # time passes on purpose: past the backoff, nothing goes out
+
+        async def all_due() -> bool:
+            for n in range(3):
+                job = await job_of(http, f"m{n}")
+                assert job["Status"] == "QUEUED", job
+                due = datetime.fromisoformat(str(job["EarliestNextAttemptAt"]))
+                assert due <= datetime.now(UTC), job
+            return True
+
+        await eventually(all_due, what="the three jobs due again")
+        await a_dispatcher_round(http)
         assert receiver.count("/hook") == seen
+        state = (await http.get("/channel/c1/consumer/k1")).json()["Breaker"]
+        assert state["State"] == "open", state  # the round saw it open, not its probe's turn
         retries = [(await job_of(http, f"m{n}"))["RetryCount"] for n in range(3)]
 
         healthy = True

@@ -164,8 +164,13 @@ class Dispatcher:
         token_header: str,
         user_agent: str,
         observe: Callable[[str, float], None] = lambda _outcome, _seconds: None,
+        observe_round: Callable[[], None] = lambda: None,
     ) -> None:
         self._observe = observe
+        # Told of each round that went through the push consumers (not the looks that found
+        # too few free slots): something that waited for two has seen one start after it
+        # began waiting, which claimed whatever was due then. Once per round, not per job.
+        self._observe_round = observe_round
         self._push = push
         self._signals = signals
         self._poster = poster
@@ -240,6 +245,7 @@ class Dispatcher:
         self._claimed_at = time.monotonic()
         targets = await self._targets()
         if not targets:
+            self._observe_round()
             return self._idle
         self._turn = (self._turn + 1) % len(targets)
         order = targets[self._turn :] + targets[: self._turn]
@@ -277,6 +283,7 @@ class Dispatcher:
                 more = True
             else:
                 short.append(consumer)
+        self._observe_round()
         if more:
             # More may be due: claim again at once, or, with every slot busy, when some free.
             return 0.0 if free > 0 else CLAIM_WAIT

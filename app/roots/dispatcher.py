@@ -47,6 +47,7 @@ def start_dispatching(process: Process, push: PushService) -> None:
         token_header=connection.token_header_name,
         user_agent=connection.user_agent,
         observe=process.metrics.pushed,
+        observe_round=process.metrics.push_rounds.inc,
     )
     process.spawn(dispatcher.run, "push-dispatcher")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.waiting import eventually
+
 
 async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     r = await client.get("/metrics")
@@ -20,3 +22,19 @@ async def scrape(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, 
 async def pulls_waiting(client: httpx.AsyncClient) -> float:
     """How many long polls and streams wait in the process `client` talks to."""
     return (await scrape(client))[("webhook_broker_pulls_waiting", ())]
+
+
+async def dispatcher_rounds(client: httpx.AsyncClient) -> float:
+    """How many rounds through the push consumers the dispatcher of `client`'s process made."""
+    return (await scrape(client))[("webhook_broker_push_dispatch_rounds_total", ())]
+
+
+async def a_dispatcher_round(client: httpx.AsyncClient, within: float = 20.0) -> None:
+    """Until a whole round of the dispatcher began after this call: it claimed whatever was
+    due then (a round under way at the call may have looked before)."""
+    start = await dispatcher_rounds(client)
+
+    async def two_more() -> bool:
+        return await dispatcher_rounds(client) >= start + 2
+
+    await eventually(two_more, within, what="a whole dispatcher round after the call")
