@@ -44,7 +44,9 @@ async def test_a_heartbeat_error_ends_consume_by_default(private_setup: Setup) -
         stop_on_heartbeat_error=False,
         error_callback=kept.append,
     )
-    await asyncio.sleep(2 * heartbeat)  # both have a pull open, beating
+    await eventually(
+        lambda: context.heartbeats and keeping.heartbeats, 15, what="both pulls open, beating"
+    )
     setup.process.pause()
     try:
         with pytest.raises(HeartbeatError):

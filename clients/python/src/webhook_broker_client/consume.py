@@ -125,6 +125,9 @@ class ConsumeContext:
         self.pending = 0  # jobs asked for and not received, plus received and not finished
         self.pending_bytes = 0
         self.pulls_issued = 0
+        # Heartbeats heard on its pulls: that a pull is open and the broker answering, seen
+        # without a job (monitoring, tests).
+        self.heartbeats = 0
         self._buffer: deque[Job] = deque()
         self._open: set[Job] = set()  # received, not finished
         self._arrived = asyncio.Event()  # the buffer has jobs, or the context is ending
@@ -286,6 +289,7 @@ class ConsumeContext:
                 body,
                 on_job,
                 silence=2 * o.heartbeat,
+                on_heartbeat=self._heard_heartbeat,
             )
         except HeartbeatError as exc:
             if o.stop_on_heartbeat_error:
@@ -319,6 +323,9 @@ class ConsumeContext:
             self.pending -= left
             self.pending_bytes -= left_bytes if max_bytes is not None else 0
             self._changed.set()
+
+    def _heard_heartbeat(self) -> None:
+        self.heartbeats += 1
 
     def _accept(self, job: Job) -> None:
         self._open.add(job)

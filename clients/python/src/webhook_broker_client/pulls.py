@@ -37,11 +37,12 @@ async def stream_pull(
     on_job: OnJob,
     *,
     silence: float | None,
+    on_heartbeat: Callable[[], None] | None = None,
 ) -> PullEnd:
     """Run one streaming pull to its end, handing each job line to `on_job` (its job object and
-    its pin id). `silence`: the longest wait for any line (the response's headers included)
-    before the pull is given up with a HeartbeatError; None waits as long as the request may
-    last."""
+    its pin id) and telling `on_heartbeat` of each heartbeat line. `silence`: the longest wait
+    for any line (the response's headers included) before the pull is given up with a
+    HeartbeatError; None waits as long as the request may last."""
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(None if silence is None else loop.time() + silence) as quiet:
@@ -58,6 +59,9 @@ async def stream_pull(
                     event = orjson.loads(line)
                     if "Job" in event:
                         on_job(event["Job"], event.get("PinId"))
+                    elif "Heartbeat" in event:
+                        if on_heartbeat is not None:
+                            on_heartbeat()
                     elif "Status" in event:
                         return PullEnd(
                             int(event["Status"]),
