@@ -253,7 +253,7 @@ class PullEngine:
             return
         if self.activity is not None:
             self.activity.touch(consumer)
-        if self.scheduler.full(consumer.pk):
+        if self.scheduler.full(consumer):
             if not spec.heartbeat:  # the server drops a heartbeat request silently
                 self.status(reply, *p.EXCEEDED_MAX_WAITING)
             return

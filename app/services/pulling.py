@@ -228,7 +228,7 @@ class PullService:
         ends_on_delivery: bool,
     ) -> Waiter:
         """The request, waiting in the scheduler (unless as many wait on the consumer as may)."""
-        full = self._scheduler.full_reason(consumer.pk)
+        full = self._scheduler.full_reason(consumer)
         if full is not None:
             raise TooManyWaiting(full)
         loop = asyncio.get_running_loop()

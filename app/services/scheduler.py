@@ -235,15 +235,21 @@ class PullScheduler:
         """Requests waiting in this process, over every consumer."""
         return sum(self.waiting(pk) for pk in self._queues)
 
-    def full(self, consumer_pk: int) -> bool:
-        """As many requests wait on this consumer, or in this process, as may."""
-        return self.full_reason(consumer_pk) is not None
+    def max_waiting_of(self, consumer: Consumer) -> int:
+        """The consumer's own max_waiting (set over NATS), else the process's `[pull]
+        max-waiting` (consumers made over HTTP have none)."""
+        return consumer.options.max_waiting or self.max_waiting
 
-    def full_reason(self, consumer_pk: int) -> str | None:
-        """Why one more request may not wait on this consumer: max_waiting of its own, or
+    def full(self, consumer: Consumer) -> bool:
+        """As many requests wait on this consumer, or in this process, as may."""
+        return self.full_reason(consumer) is not None
+
+    def full_reason(self, consumer: Consumer) -> str | None:
+        """Why one more request may not wait on this consumer: its max_waiting, or
         max_waiting_total over every consumer (what one process's waiting pulls may hold)."""
-        if self.waiting(consumer_pk) >= self.max_waiting:
-            return f"{self.max_waiting} pull requests are already waiting on this consumer"
+        limit = self.max_waiting_of(consumer)
+        if self.waiting(consumer.pk) >= limit:
+            return f"{limit} pull requests are already waiting on this consumer"
         total = self.max_waiting_total
         if total is not None and self.waiting_total() >= total:
             return f"{total} pull requests are already waiting in this process (max-waiting-total)"
