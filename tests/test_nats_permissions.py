@@ -45,6 +45,7 @@ def test_each_worker_gets_its_consumer_subjects_only() -> None:
         "$JS.API.CONSUMER.INFO.orders.billing",
         "$JS.API.CONSUMER.UNPIN.orders.billing",
         "$JS.API.STREAM.INFO.orders",
+        "$WB.ACK._._.orders.billing.>",
         "$WB.ACK.orders.billing.>",
     )
     assert billing.subscribe[0] == "_INBOX.orders.billing.>"
@@ -55,6 +56,30 @@ def test_each_worker_gets_its_consumer_subjects_only() -> None:
     assert "$JS.API.CONSUMER.CREATE.> webhook-broker-bridge" in bridge.subscribe
     assert not any("CREATE" in s or "DELETE" in s for u in (billing, audit) for s in u.publish)
     assert bridge.password == "$NATS_BRIDGE_PASSWORD"
+
+
+def test_a_channels_management_subjects_cover_the_unnamed_ephemeral() -> None:
+    # CREATE.<channel>.> needs a token after the channel; an unnamed ephemeral's request
+    # (nats.js ordered consumers, jsm.consumers.add without a name) has none.
+    granted = perms.management_subjects(SUBJECTS, "orders")
+    for subject in (
+        "$JS.API.CONSUMER.CREATE.orders",
+        "$JS.API.CONSUMER.CREATE.orders.c1.orders",
+        "$JS.API.CONSUMER.DURABLE.CREATE.orders.c1",
+        "$JS.API.CONSUMER.DELETE.orders.c1",
+    ):
+        assert any(_matches(g, subject) for g in granted), subject
+    assert not any(_matches(g, "$JS.API.CONSUMER.CREATE.other") for g in granted)
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    want, have = pattern.split("."), subject.split(".")
+    for index, token in enumerate(want):
+        if token == ">":
+            return len(have) > index
+        if index >= len(have) or token not in ("*", have[index]):
+            return False
+    return len(want) == len(have)
 
 
 def test_ids_that_fold_together_get_distinct_password_variables() -> None:

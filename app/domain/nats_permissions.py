@@ -35,6 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 JS_ACK_PREFIX = "$JS.ACK"
+# The domain and account-hash tokens of the bridge's ack subjects: none, as JetStream writes it.
+ACK_UNSET_TOKENS = "_._"
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER"
 INBOX_ROOT = "_INBOX"
 BRIDGE_PASSWORD_VARIABLE = "NATS_BRIDGE_PASSWORD"
@@ -133,10 +135,15 @@ def management_subjects(subjects: BridgeSubjects, channel_id: str = "*") -> tupl
     user granted these may manage consumers over NATS while [nats] allow-consumer-management
     is on; no worker user is granted them."""
     api = subjects.api_prefix
-    return (
-        f"{api}.CONSUMER.CREATE.{channel_id}.>"
+    # `CREATE.<channel>.>` needs a token after the channel: an unnamed ephemeral's request
+    # (`CREATE.<channel>`) has none, so it is granted by name.
+    creates = (
+        (f"{api}.CONSUMER.CREATE.{channel_id}", f"{api}.CONSUMER.CREATE.{channel_id}.>")
         if channel_id != "*"
-        else f"{api}.CONSUMER.CREATE.>",
+        else (f"{api}.CONSUMER.CREATE.>",)
+    )
+    return (
+        *creates,
         f"{api}.CONSUMER.DURABLE.CREATE.{channel_id}.*",
         f"{api}.CONSUMER.DELETE.{channel_id}.*",
     )
@@ -176,6 +183,10 @@ def worker_permissions(
             f"{api}.CONSUMER.INFO.{channel_id}.{consumer_id}",
             f"{api}.CONSUMER.UNPIN.{channel_id}.{consumer_id}",
             f"{api}.STREAM.INFO.{channel_id}",
+            # Acks of the subjects the bridge writes (`<prefix>._._.<channel>.<consumer>...`,
+            # app/bridge/protocol.ack_subject), and of the older form without the two tokens
+            # for deliveries made before an upgrade.
+            f"{subjects.ack_prefix}.{ACK_UNSET_TOKENS}.{channel_id}.{consumer_id}.>",
             f"{subjects.ack_prefix}.{channel_id}.{consumer_id}.>",
         ),
         subscribe=(
