@@ -169,7 +169,6 @@ def run_api(config: Config, *, serve: bool) -> int:
     import uvicorn
 
     from app.api.app import create_app
-    from app.api.limits import uvicorn_limits
     from app.roots.api import ApiRoot
     from app.roots.serve import ServeRoot
 
@@ -202,22 +201,27 @@ def run_api(config: Config, *, serve: bool) -> int:
                     signal.signal(sig, handler)
 
     app = create_app(config, root, owned=True, on_started=freeze_heap)
-    server = Server(
-        uvicorn.Config(
-            app,
-            host=config.http.host,
-            port=config.http.port,
-            log_config=None,
-            access_log=False,  # app/api/requests.py writes one line per request, with its id
-            timeout_graceful_shutdown=config.http.write_timeout,
-            lifespan="on",
-            # [http] max-concurrency and read-header-timeout (slowloris); a body's own read
-            # bounds are the routes' (app/api/limits.py).
-            **uvicorn_limits(config),
-        )
-    )
+    server = Server(uvicorn.Config(app, **server_options(config)))
     server.run()
     return 0 if server.started else 1
+
+
+def server_options(config: Config) -> dict[str, Any]:
+    """uvicorn.Config's keyword arguments for the API (also the bench's bare floor route's,
+    bench/floor.py, so that both run on the same server stack)."""
+    from app.api.limits import uvicorn_limits
+
+    return {
+        "host": config.http.host,
+        "port": config.http.port,
+        "log_config": None,
+        "access_log": False,  # app/api/requests.py writes one line per request, with its id
+        "timeout_graceful_shutdown": config.http.write_timeout,
+        "lifespan": "on",
+        # [http] max-concurrency and read-header-timeout (slowloris); a body's own read
+        # bounds are the routes' (app/api/limits.py).
+        **uvicorn_limits(config),
+    }
 
 
 def serve_metrics(runtime: Process) -> Callable[[], None]:

@@ -29,6 +29,7 @@ SCENARIOS = (
     "pull-batch",
     "pull-each",
     "publish",
+    "floor",
     "goproto",
     "push",
     "wakeup",
@@ -213,6 +214,7 @@ async def run(settings: Settings) -> int:
         ]
         for name, step in steps:
             if name == "pairs":
+                # The floor runs beside ours in the paired rounds.
                 if not any(settings.wants(x) for x in ("pull-batch", "pull-each", "publish")):
                     continue
             elif name == "idle":

@@ -83,6 +83,15 @@ class Measured:
     def rate(self) -> float:
         return self.jobs / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def api_us_per_request(self) -> float | None:
+        """The API processes' CPU (µs) per HTTP request answered in the window (issue 40),
+        for a scenario whose load generator counts its requests."""
+        requests = self.extra.get("requests")
+        if not requests or "api" not in self.cpu or not self.seconds:
+            return None
+        return float(self.cpu["api"]) / 100.0 * self.seconds / int(requests) * 1e6
+
     def cpu_ms_per_job(self) -> dict[str, float]:
         """CPU milliseconds each process group spent per job counted."""
         if not self.jobs or not self.seconds:
@@ -104,6 +113,9 @@ class Measured:
             "latency_ms": self.latency_ms,
             "cpu_percent": self.cpu,
             "cpu_ms_per_job": self.cpu_ms_per_job(),
+            "api_us_per_request": None
+            if self.api_us_per_request is None
+            else round(self.api_us_per_request, 1),
             "notes": self.notes,
             "extra": self.extra,
         }
@@ -223,11 +235,12 @@ class Env:
         assert self.broker is not None
         return self.broker.api_ports
 
-    def meter(self) -> CpuMeter:
+    def meter(self, api_pids: list[int] | None = None) -> CpuMeter:
+        """`api`: the broker's API processes, or those of `api_pids` (the floor's)."""
         meter = CpuMeter()
         assert self.broker is not None
-        for api in self.broker.apis:
-            meter.add("api", api.pid)
+        for pid in api_pids if api_pids is not None else [api.pid for api in self.broker.apis]:
+            meter.add("api", pid)
         meter.add("pg", self.cluster.postmaster_pid(), with_children=True)
         if self.broker.sweeper is not None:
             meter.add("sweeper", self.broker.sweeper.pid)

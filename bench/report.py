@@ -49,7 +49,7 @@ def fmt(value: float | None, digits: int = 1) -> str:
 def row(m: Measured, ratio: str = "") -> list[str]:
     if m.status != "ok":
         note = m.notes[0][:80] if m.notes else ""
-        return [m.name, m.status, "-", "-", "-", note]
+        return [m.name, m.status, "-", "-", "-", "-", note]
     key, lat = primary_latency(m)
     p50 = fmt(lat.get("p50"), 2) if lat else "-"
     p99 = fmt(lat.get("p99"), 2) if lat else "-"
@@ -60,7 +60,8 @@ def row(m: Measured, ratio: str = "") -> list[str]:
         rate = f"{m.extra['statements_per_s']:.1f} stmt/s"
     if any("lower bound" in n for n in m.notes):
         rate = f">={rate}"
-    return [m.name, rate, p50, p99, cpu_text(m.cpu), ratio]
+    per_request = m.api_us_per_request
+    return [m.name, rate, p50, p99, cpu_text(m.cpu), fmt(per_request, 0), ratio]
 
 
 def median_row(m: Measured, note: str) -> list[str]:
@@ -71,7 +72,15 @@ def median_row(m: Measured, note: str) -> list[str]:
 
 
 def markdown(rows: list[list[str]]) -> str:
-    header = ["scenario", "jobs/s", "p50 ms", "p99 ms", "CPU % of a core", "ratio / note"]
+    header = [
+        "scenario",
+        "jobs/s",
+        "p50 ms",
+        "p99 ms",
+        "CPU % of a core",
+        "API CPU µs/request",
+        "ratio / note",
+    ]
     table = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in table)
 
@@ -314,6 +323,50 @@ def console_target(pairs: list[dict[str, float]]) -> Target:
     return Target(name, goal, f"{measured}; spread {spread:.1%}", check(fall <= spread))
 
 
+FLOOR_LABELS = {
+    "publish": "HTTP publish",
+    "pull-each": "HTTP pull({batch}) + one ack",
+    "pull-batch": "HTTP pull({batch}) + batch ack",
+}
+
+
+def floor_rows(runner: Runner) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for ours, label in FLOOR_LABELS.items():
+        pairs = runner.pairs.get(f"floor {ours}", [])
+        if not pairs:
+            continue
+        label = label.format(batch=runner.s.batch)
+        floor = median_run(_find(runner, label, "floor"))
+        mine = median_run(_find(runner, label, "ours"))
+        ratios = ", ".join(f"{p['ratio']:.2f}x" for p in pairs)
+        if floor:
+            rows.append(median_row(floor, f"floor (median run of {len(pairs)})"))
+        if mine:
+            ratio = median_ratio(pairs) or 0.0
+            rows.append(median_row(mine, f"{ratio:.2f}x the floor's CPU/request ({ratios})"))
+    return rows
+
+
+def floor_targets(runner: Runner) -> list[Target]:
+    """Issue 40: API CPU per request for publish and for a single ack at most 2x the bare
+    floor route's in the same run (pull + one ack per job: all but one in 101 requests are
+    single acks)."""
+    out = []
+    for ours, what in (("publish", "publish"), ("pull-each", "single ack (pull + one ack)")):
+        pairs = runner.pairs.get(f"floor {ours}", [])
+        ratio = median_ratio(pairs)
+        out.append(
+            Target(
+                f"API CPU per request, {what}, vs the bare floor",
+                "<= 2.0x",
+                "-" if ratio is None else f"{ratio:.2f}x (median of {len(pairs)} pairs)",
+                check(None if ratio is None else ratio <= 2.0),
+            )
+        )
+    return out
+
+
 def tables(runner: Runner) -> str:
     s = runner.s
     sections: list[str] = []
@@ -366,6 +419,13 @@ def tables(runner: Runner) -> str:
             "Ours against the ceiling (and the bridge against JetStream), measured back to "
             "back (median run of the rounds)\n\n" + markdown(paired)
         )
+    floor = floor_rows(runner)
+    if floor:
+        sections.append(
+            "API CPU per request: ours against the bare floor route (bench/floor.py: the same "
+            "server stack, pool and statement shape, no auth, no validation), back to back "
+            "(median run of the rounds)\n\n" + markdown(floor)
+        )
     others = [
         m
         for m in runner.results
@@ -375,7 +435,7 @@ def tables(runner: Runner) -> str:
     ]
     if others:
         sections.append("Other scenarios and peers\n\n" + markdown([row(m) for m in others]))
-    goals = targets(runner)
+    goals = targets(runner) + floor_targets(runner)
     sections.append(
         "Targets (issue 7)\n\n"
         + "\n".join(

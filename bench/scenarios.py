@@ -27,8 +27,9 @@ from bench.broker import (
     PUSH_CONSUMER,
     bridge_available,
     token,
+    wait_http,
 )
-from bench.env import DBNAME, Env, Measured, wait_port
+from bench.env import DBNAME, REPO, Env, Measured, wait_port
 from bench.http1 import Connection
 from bench.pgbench import JOBS_COUNTED_BY, jobs_per_script, run_pgbench, script_defines
 from bench.procs import CpuMeter, Service
@@ -75,6 +76,18 @@ IDLE_SCHEDULED = 1000  # scheduled messages in the idle-scheduled scenario
 CONSOLE_PAGES = 20  # open console pages in the pull-console scenario (issue 38)
 
 
+# The load generator's modes whose requests it counts (latencies of requests started in the
+# window, by kind): the API CPU per request column (issue 40).
+HTTP_MODES = ("pull", "publish", "goproto")
+HTTP_REQUEST_KINDS = ("pull", "ack", "publish", "list", "transition")
+FLOOR_NOTE = ", bare floor route"
+
+
+def http_requests(latency_ms: dict[str, Any]) -> int:
+    """HTTP requests started in the measured window, from the load generator's latencies."""
+    return sum(int(latency_ms.get(kind, {}).get("n", 0)) for kind in HTTP_REQUEST_KINDS)
+
+
 def redelivery_name(who: str) -> str:
     return f"Redelivery past a {redelivery.ACK_WAIT:.0f} s ack wait: {who}"
 
@@ -90,6 +103,7 @@ class Runner:
         self.plans: dict[str, list[str]] = {}
         self.profiles: dict[str, Any] = {}
         self.log: list[str] = []
+        self.floor_services: list[tuple[int, Service]] = []
 
     def say(self, text: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {text}"
@@ -250,16 +264,19 @@ class Runner:
         group: str = "ours",
         note: str = "",
         probe: Callable[[], Awaitable[int]] | None = None,
+        floor: bool = False,
     ) -> Measured:
+        """`floor`: against the bare floor route (bench/floor.py) instead of the API."""
         s, env = self.s, self.env
         consumer = consumer or PULL_CONSUMER[ack]
+        ports, api_pids = (await self.floor_processes()) if floor else (env.api_ports, None)
         await env.backlog(
             consumer, self.need(consumer, s.warmup + s.duration + 3, s.batch * s.pollers * 4)
         )
         await db.vacuum(env.conn, "job")
         spec = {
             "mode": "pull",
-            "ports": env.api_ports[:1] if one_api else env.api_ports,
+            "ports": ports[:1] if one_api else ports,
             "warmup": s.warmup,
             "duration": s.duration,
             "workers": s.pollers,
@@ -277,7 +294,9 @@ class Runner:
         name += note
         if round_no is not None:
             name += f" [round {round_no}]"
-        m = await self.measure_loadgen(name, spec, "delivered", [consumer], group, probe=probe)
+        m = await self.measure_loadgen(
+            name, spec, "delivered", [consumer], group, probe=probe, api_pids=api_pids
+        )
         await self.exhausted(m, consumer)
         if m.rate > 0:
             self.rates[consumer] = m.rate
@@ -412,12 +431,13 @@ class Runner:
             self.rates[consumer] = m.rate
         return m
 
-    async def http_publish(self, round_no: int | None = None) -> Measured:
+    async def http_publish(self, round_no: int | None = None, *, floor: bool = False) -> Measured:
         s, env = self.s, self.env
+        ports, api_pids = (await self.floor_processes()) if floor else (env.api_ports, None)
         await db.vacuum(env.conn, "job")
         spec = {
             "mode": "publish",
-            "ports": env.api_ports,
+            "ports": ports,
             "warmup": s.warmup,
             "duration": s.duration,
             "workers": s.publishers,
@@ -425,9 +445,18 @@ class Runner:
             **env.producer_spec("pub"),
         }
         name = f"HTTP publish, fan-out {len(PUB_CONSUMERS)}, {s.publishers} publishers"
+        if floor:
+            name += FLOOR_NOTE
         if round_no is not None:
             name += f" [round {round_no}]"
-        m = await self.measure_loadgen(name, spec, "created", list(PUB_CONSUMERS))
+        m = await self.measure_loadgen(
+            name,
+            spec,
+            "created",
+            list(PUB_CONSUMERS),
+            group="floor" if floor else "ours",
+            api_pids=api_pids,
+        )
         m.extra["messages_per_s"] = round(m.rate / len(PUB_CONSUMERS), 1)
         return self.keep(m)
 
@@ -440,11 +469,13 @@ class Runner:
         group: str = "ours",
         with_profile: str | None = None,
         probe: Callable[[], Awaitable[int]] | None = None,
+        api_pids: list[int] | None = None,
     ) -> Measured:
         """`probe`: a count read at the window's end, after PostgreSQL's statement counts were
-        reset at its start (so a count of statements is the window's), into extra["probe"]."""
+        reset at its start (so a count of statements is the window's), into extra["probe"].
+        `api_pids`: the processes metered as `api` (the broker's API processes unless given)."""
         env = self.env
-        meter = env.meter()
+        meter = env.meter(api_pids)
         profiling: asyncio.Task[dict[str, Any]] | None = None
         if with_profile and self.s.profile and env.broker is not None:
             pid = env.broker.apis[0].pid
@@ -476,6 +507,8 @@ class Runner:
                 else None,
             },
         )
+        if spec["mode"] in HTTP_MODES:
+            m.extra["requests"] = http_requests(m.latency_ms)
         if probe is not None and marks:
             m.extra["probe"] = marks[-1]
         if result.get("errors"):
@@ -508,6 +541,8 @@ class Runner:
                     mine = await self.http_pull(
                         "batch" if ours == "pull-batch" else "each", round_no
                     )
+                if s.wants("floor"):
+                    await self.floor_pair(ours, mine, round_no)
                 if tag and s.profile and not self.profiles.get(tag):
                     # One more run of ours under py-spy (kept out of the ratios).
                     await self.profiled(ours)
@@ -519,6 +554,56 @@ class Runner:
                         "ceiling_clients": clients,
                     }
                 )
+
+    async def floor_processes(self) -> tuple[list[int], list[int]]:
+        """The bare floor's processes (bench/floor.py), as many as the API's, on the broker's
+        config; started on first use, stopped with everything else. Their ports and pids."""
+        env = self.env
+        if not self.floor_services:
+            assert env.broker is not None
+            for i in range(len(env.api_ports)):
+                port = free_port()
+                service = Service(
+                    f"floor{i}",
+                    [sys.executable, "-m", "bench.floor", "--config", str(env.broker.config)],
+                    logdir=env.workdir,
+                    env={"WEBHOOK_BROKER__HTTP__LISTENER": f"127.0.0.1:{port}"},
+                    cwd=REPO,
+                )
+                await service.start()
+                env.extra_services.append(service)
+                await wait_http(service, port)
+                self.floor_services.append((port, service))
+        return [p for p, _ in self.floor_services], [s.pid for _, s in self.floor_services]
+
+    async def floor_pair(self, ours: str, mine: Measured, round_no: int) -> None:
+        """The bare floor run of the same load right after ours (issue 40): the API CPU per
+        request of both, side by side."""
+        if ours == "publish":
+            floor = self.keep(await self.http_publish(round_no, floor=True))
+        else:
+            ack = "batch" if ours == "pull-batch" else "each"
+            floor = await self.bigger_if_dry(
+                functools.partial(
+                    self._http_pull_once,
+                    ack,
+                    round_no,
+                    group="floor",
+                    note=FLOOR_NOTE,
+                    floor=True,
+                ),
+                PULL_CONSUMER[ack],
+                2.0,
+            )
+        ours_us, floor_us = mine.api_us_per_request, floor.api_us_per_request
+        if ours_us and floor_us:
+            self.pairs.setdefault(f"floor {ours}", []).append(
+                {
+                    "ceiling": round(floor_us, 1),
+                    "ours": round(ours_us, 1),
+                    "ratio": round(ours_us / floor_us, 4),
+                }
+            )
 
     async def profiled(self, ours: str) -> None:
         s, env = self.s, self.env
