@@ -29,10 +29,13 @@ from nats.js.errors import NotFoundError
 from app.runtime import Runtime
 from app.store.jobs import JobStore
 from tests.bridge.conftest import ACK_WAIT, MAX_ACK_PENDING, MAX_RETRY, BridgeFactory, publish_http
+from tests.helpers.jetstream import until_consumer
 from tests.helpers.natsproc import NatsServer
 
 Publish = Callable[[list[str]], Awaitable[None]]
 COMPARED_HEADERS = ("Content-Type", "X-Order", "Nats-Msg-Id")
+# The lingering fetch's timeout: long enough that being woken and expiring cannot be confused.
+LINGER = 5.0
 
 
 @dataclass
@@ -118,9 +121,9 @@ async def scenario(url: str, publish: Publish) -> Run:
         r["bound_info"] = (info.name, info.stream_name, info.config.durable_name)
 
         await publish(["m1", "m2", "m3", "m4"])
-        # (JetStream's consumer notices new messages asynchronously; a no_wait pull in the same
-        # instant as the publish may see fewer. Both sides get the same pause.)
-        await asyncio.sleep(0.1)
+        # (JetStream's consumer takes in new messages asynchronously; a no_wait pull in the
+        # same instant as the publish may see fewer. Both sides wait for them alike.)
+        await until_consumer(js, "orders", "workers", num_pending=4)
         [m1] = await psub.fetch(1, timeout=2)
         r["fetch1"] = describe(m1, run)
         await m1.ack()
@@ -139,10 +142,11 @@ async def scenario(url: str, publish: Publish) -> Run:
             psub.fetch(3, timeout=2, heartbeat=0.5)
         )
 
-        # A lingering fetch served by a message published while it waits.
+        # A lingering fetch served by a message published while it waits: it ends with the
+        # message, long before its expiry.
+        lingering = asyncio.ensure_future(psub.fetch(3, timeout=LINGER))
+        await until_consumer(js, "orders", "workers", num_waiting=1)
         start = time.monotonic()
-        lingering = asyncio.ensure_future(psub.fetch(3, timeout=2))
-        await asyncio.sleep(0.7)
         await publish(["m5"])
         late = await lingering
         s["late"] = time.monotonic() - start
@@ -158,7 +162,7 @@ async def scenario(url: str, publish: Publish) -> Run:
 
         # in_progress keeps m6 past its ack wait; m7, left alone, lapses and comes back.
         await publish(["m6", "m7"])
-        await asyncio.sleep(0.1)
+        await until_consumer(js, "orders", "workers", num_pending=2)
         held, lapsing = await psub.fetch(2, timeout=2)
         r["held"] = [describe(held, run), describe(lapsing, run)]
         for _ in range(2):
@@ -173,14 +177,13 @@ async def scenario(url: str, publish: Publish) -> Run:
 
         # term: never redelivered.
         await publish(["m8"])
-        await asyncio.sleep(0.1)
+        await until_consumer(js, "orders", "workers", num_pending=1)
         [doomed] = await psub.fetch(1, timeout=2)
         r["doomed"] = describe(doomed, run)
         await doomed.term()
         r["after_term"], _ = await outcome(psub.fetch(1, timeout=0.5))
-        await asyncio.sleep(0.3)
 
-        ci = await psub.consumer_info()
+        ci = await until_consumer(js, "orders", "workers", acks_settled=True, num_waiting=0)
         config = ci.config
         assert config is not None and ci.delivered is not None and ci.ack_floor is not None
         r["consumer_info"] = {
@@ -262,7 +265,8 @@ def assert_same(expected: Run, actual: Run, *, metadata: bool) -> None:
             expected.seconds[key],
         )
     assert actual.seconds["fetch5_of_3"] < 0.5
-    assert 0.6 < actual.seconds["late"] < 1.3, actual.seconds["late"]
+    # Woken by the publish: an expiry would come LINGER seconds after the fetch began.
+    assert actual.seconds["late"] < LINGER / 2, actual.seconds["late"]
     assert 0.25 < actual.seconds["nak_redelivery"] < 1.0, actual.seconds["nak_redelivery"]
     if metadata:
         assert actual.metadata == expected.metadata

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from nats.js import JetStreamContext
 from sqlalchemy import text
 
 from app.runtime import Runtime
@@ -38,6 +39,7 @@ from tests.bridge.conftest import (
     publish_http,
     reference_consumer,
 )
+from tests.helpers.jetstream import until_consumer
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.waiting import eventually
 
@@ -138,6 +140,18 @@ def seen(messages: list[dict[str, Any]] | dict[str, Any] | None) -> Any:
 
 
 async def scenario(js: ClientProcess, url: str, publish: Publish) -> dict[str, Any]:
+    # The client under test's state is read on a connection of the test's own, the same way on
+    # both sides (tests.helpers.jetstream).
+    watcher = await nats.connect(url)
+    try:
+        return await steps(js, url, publish, watcher.jetstream())
+    finally:
+        await watcher.close()
+
+
+async def steps(
+    js: ClientProcess, url: str, publish: Publish, watch: JetStreamContext
+) -> dict[str, Any]:
     r: dict[str, Any] = {}
     # checkAPI: the client asks $JS.API.INFO whether JetStream is there before its first use.
     await js.call("connect", servers=url, checkApi=True)
@@ -145,7 +159,7 @@ async def scenario(js: ClientProcess, url: str, publish: Publish) -> dict[str, A
     await js.call("consumer", stream="orders", name="workers")
 
     await publish(["m1", "m2", "m3", "m4"])
-    await asyncio.sleep(0.1)
+    await until_consumer(watch, "orders", "workers", num_pending=4)
     [m1] = await js.call("fetch", max_messages=1, expires=2000)
     r["fetch1"] = seen(m1)
     await js.call("ack", handle=m1["handle"])
@@ -169,7 +183,7 @@ async def scenario(js: ClientProcess, url: str, publish: Publish) -> dict[str, A
 
     # working keeps m6 past its ack wait; m7, left alone, lapses and comes back.
     await publish(["m6", "m7"])
-    await asyncio.sleep(0.1)
+    await until_consumer(watch, "orders", "workers", num_pending=2)
     held, lapsing = await js.call("fetch", max_messages=2, expires=2000)
     r["held"] = seen([held, lapsing])
     for _ in range(2):
@@ -188,13 +202,13 @@ async def scenario(js: ClientProcess, url: str, publish: Publish) -> dict[str, A
     await js.call("term", handle=doomed["handle"], reason="not wanted")
     await js.call("flush")
     r["after_term"] = await js.call("next", expires=1000)
-    await asyncio.sleep(0.3)
+    await until_consumer(watch, "orders", "workers", acks_settled=True, num_waiting=0)
 
     await publish([f"c{n}" for n in range(5)])
     consumed = await js.call("consume", count=5, max_messages=10, ack=True)
     r["consume"] = seen(consumed)
     await js.call("flush")
-    await asyncio.sleep(0.3)
+    await until_consumer(watch, "orders", "workers", acks_settled=True, num_pending=0)
     r["info"] = await js.call("info")
     await js.call("close")
     return r
