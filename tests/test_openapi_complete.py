@@ -118,6 +118,21 @@ BEFORE: dict[tuple[str, str], Operation] = {
             )
         },
     ),
+    ("PUT", "/channel/{channel_id}/consumer/{consumer_id}/pause"): Operation(
+        answers={"200": {"application/json": "ID Paused PausedUntil Type"}},
+        errors="400 404 408 413 415 503",
+        guarded="401 403",
+        headers={"200": "Last-Modified"},
+        parameters="channel_id consumer_id authorization",
+        body={"application/x-www-form-urlencoded": "until"},
+    ),
+    ("DELETE", "/channel/{channel_id}/consumer/{consumer_id}/pause"): Operation(
+        answers={"200": {"application/json": "ID Paused PausedUntil Type"}},
+        errors="400 404 503",
+        guarded="401 403",
+        headers={"200": "Last-Modified"},
+        parameters="channel_id consumer_id authorization",
+    ),
     ("POST", "/channel/{channel_id}/consumer/{consumer_id}/ack"): Operation(
         answers={"200": {"application/json": "Results"}},
         errors="400 401 403 404 408 412 413 503",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +27,7 @@ from app.domain.models import (
 )
 from app.domain.priority import PriorityPolicy
 from app.domain.pulls import PullEnd
+from app.services.pausing import pause_end
 from app.services.pulling import ConsumerInfo
 from app.services.streaming import Heartbeat, StreamEnd, StreamEvent
 
@@ -94,6 +95,8 @@ def consumer(
                 if item.priority.policy is PriorityPolicy.PINNED_CLIENT
                 else None
             ),
+            "Paused": item.paused_at(datetime.now(UTC)),
+            "PausedUntil": iso(pause_end(item)),
         }
     )
     if item.type is ConsumerType.PUSH:

@@ -26,6 +26,7 @@ from app.domain.headers import forwardable
 from app.domain.models import Breaker, Consumer, PulledJob
 from app.domain.signing import Signer, secrets_in_force
 from app.logging import log_failure
+from app.services.pausing import pause_end
 from app.services.push import PushJob, PushService, PushTarget
 from app.services.signals import ANY_CONSUMER, Signals
 
@@ -261,6 +262,12 @@ class Dispatcher:
             lane = self._lane(consumer, now)
             self._note_breaker(target)
             if state.disabled_at is not None:
+                continue
+            if consumer.paused_at(wall):
+                # Its claims would find nothing (app/store/pauses); a resume is announced.
+                ends = pause_end(consumer)
+                if ends is not None:
+                    wait = min(wait, (ends - wall).total_seconds())
                 continue
             if state.breaker is not Breaker.CLOSED:
                 if state.open_until is not None and state.open_until > wall:

@@ -85,6 +85,13 @@ class ConsumerOptions:
     ephemeral: bool = False
     ack_policy: str | None = None
     inactive_threshold: int | None = None
+    # Migration 0016: a push consumer over NATS: the bridge delivers its jobs to
+    # `deliver_subject` (a queue group `deliver_group` splits them), with idle heartbeats every
+    # `idle_heartbeat` ns and nats-server's flow control.
+    deliver_subject: str | None = None
+    deliver_group: str | None = None
+    idle_heartbeat: int | None = None
+    flow_control: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +110,15 @@ class Consumer:
     priority: PrioritySettings = NO_PRIORITY
     push: PushSettings = field(default_factory=lambda: PushSettings())
     options: ConsumerOptions = field(default_factory=lambda: ConsumerOptions())
+    paused_until: datetime | None = None  # claims and pushes stop until then
 
     def ack_wait(self, default: int) -> int:
         """Seconds a claim leases a job for: the consumer's own ack wait, or the broker's."""
         return self.ack_wait_seconds or default
+
+    def paused_at(self, moment: datetime) -> bool:
+        """Paused at `moment` (a pause whose time passed is over, as JetStream's)."""
+        return self.paused_until is not None and self.paused_until > moment
 
 
 class Message(NamedTuple):
@@ -160,6 +172,8 @@ class PulledJob(NamedTuple):
     content_type: str
     headers: dict[str, str]
     consumer_pk: int = 0  # the push dispatcher claims for many consumers at once
+    # The message's position in its channel: the NATS bridge's stream sequence.
+    message_pk: int = 0
 
     @classmethod
     def of(cls, claimed: ClaimedJob) -> PulledJob:
@@ -175,6 +189,7 @@ class PulledJob(NamedTuple):
             message.content_type,
             message.headers,
             job.consumer_pk,
+            message.pk,
         )
 
 

@@ -9,6 +9,7 @@ from app.services.admin import AdminService
 from app.services.console import ConsoleService
 from app.services.health import HealthService
 from app.services.messages import MessageQueries
+from app.services.pausing import PauseService
 from app.services.publishing import PublishingService
 from app.services.pulling import PullService
 from app.services.redrives import RedriveService
@@ -30,6 +31,7 @@ class ApiRoot(PullingProcess):
     pulls: PullService
     seed_jobs: SeedJobService
     console: ConsoleService
+    pauses: PauseService
 
     def __init__(
         self, config: Config, *, listen: bool = True, nats_advisories: bool = False
@@ -71,6 +73,7 @@ class ApiRoot(PullingProcess):
         )
         self.seed_jobs = SeedJobService(self.db, self.queue, ack_wait)
         self.console = ConsoleService(self.db)
+        self.pauses = PauseService(self.db)
         self._draining = False
 
     @property

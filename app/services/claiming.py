@@ -5,12 +5,13 @@ consumer when a claim found nothing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from app.domain import advisories
 from app.domain.models import Consumer
 from app.domain.pulls import ClaimBatch
 from app.services.advisories import Advisories
+from app.services.pausing import pause_end
 from app.store.bridge import BridgeStore
 from app.store.db import Database
 from app.store.jobs import JobStore
@@ -79,6 +80,10 @@ class ClaimSource:
         async with self._db.transaction() as tx:
             fresh = await ConsumerStore(tx).get_by_pk(consumer_pk)
             due = await JobStore(tx).next_due([consumer_pk]) if next_due and fresh else None
+        if fresh is not None and fresh.paused_at(datetime.now(UTC)):
+            # Its claims find nothing until the pause ends: the waiters sleep until then (or
+            # until the resume's announcement), not until jobs already due.
+            due = pause_end(fresh)
         return fresh, due
 
     async def backlog(self, consumer_pk: int, pending_cap: int, ack_cap: int) -> tuple[int, int]:

@@ -3,6 +3,8 @@ through the states the spec allows, and the dead-letter queue."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from app.domain.errors import Conflict, InvalidInput, InvalidTransition, NotFound
 from app.domain.jobs import JobStatus, check_seed_transition
 from app.domain.models import ClaimedJob, Consumer, Cursor, Job, Page
@@ -142,6 +144,10 @@ async def _check_claimable(store: JobStore, consumer: Consumer) -> None:
     names no group, pin or priority, so it cannot be a member of the group; taking the job
     would break the pin. maxAckPending is counted under the consumer row's lock, as the pull
     counts it, so that concurrent claims cannot pass it together."""
+    if consumer.paused_at(datetime.now(UTC)):
+        raise Conflict(
+            f"consumer {consumer.id!r} is paused: its jobs are not claimed until it resumes"
+        )
     if consumer.priority.active:
         raise Conflict(
             f"consumer {consumer.id!r} has the {consumer.priority.policy} priority "

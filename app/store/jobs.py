@@ -21,6 +21,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    exists,
     func,
     literal,
     literal_column,
@@ -38,6 +39,7 @@ from app.store.db import Tx, now, plus_seconds
 from app.store.ledger import LedgerStore
 from app.store.messages import message_from_row
 from app.store.pagination import decode_cursor, encode_cursor
+from app.store.pauses import not_paused
 from app.store.schema import consumer, job, message
 
 # Pull responses and ack subjects count due jobs left up to this many: an exact count of a
@@ -370,11 +372,16 @@ class JobStore:
         if from_status is JobStatus.DEAD:
             values["retry_count"] = job.c.retry_count + 1
             values["dead_reason"] = None
+        running = select(consumer.c.pk).where(
+            consumer.c.pk == consumer_pk, not_paused(self._tx.dialect)
+        )
         found = await self._transition(
             [
                 job.c.id == job_id,
                 job.c.consumer_pk == consumer_pk,
                 job.c.status == from_status.value,
+                # The claims' rule: nothing of a paused consumer is leased.
+                exists(running),
             ],
             values,
         )

@@ -41,6 +41,7 @@ from app.store.bridge import BridgeStore
 from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Held, Tx
 from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED, JobStore
 from app.store.messages import MessageStore
+from app.store.pauses import NOT_PAUSED_SQL, not_paused
 from app.store.schema import channel, consumer, producer
 
 # -- who ---------------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ PULLED_WIDTH = len(PULLED_COLUMNS)
 NUMBERED = """, counter AS (
     INSERT INTO bridge_consumer (consumer_pk, last_delivery_seq, last_stream_seq,
                                  last_delivered_at)
-    SELECT (SELECT pk FROM named), n, (SELECT max(id) FROM claimed), now()
+    SELECT (SELECT pk FROM named), n, (SELECT max(message_pk) FROM claimed), now()
     FROM counted WHERE n > 0
     ON CONFLICT (consumer_pk) DO UPDATE SET
         last_delivery_seq = bridge_consumer.last_delivery_seq + excluded.last_delivery_seq,
@@ -232,7 +233,7 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     limit = int(limit)
     push = key == "push"
     pulled_columns = ", ".join(PULLED_COLUMNS)
-    returned = ", ".join(f"job.{name}" for name in [*CLAIMED_COLUMNS, "message_pk"])
+    returned = ", ".join(f"job.{name}" for name in dict.fromkeys([*CLAIMED_COLUMNS, "message_pk"]))
     # The headers as their text: psycopg's json loader decoded each row's bytes even for the
     # '{}' most messages carry (a sixth of the dispatcher's claim, in its Python thread).
     message_columns = ", ".join(
@@ -246,6 +247,8 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
         else "coalesce((SELECT ack_wait_seconds FROM named), %(default_ack_wait)s)"
     )
     uncapped = "" if capped or push else "\n      AND consumer.max_ack_pending IS NULL"
+    # A paused consumer is not found: every claim leases nothing for it (app/store/pauses).
+    uncapped += f"\n      AND {NOT_PAUSED_SQL}"
     if key == "credentials":
         # A request's own claim (HTTP, before the consumer is read) leaves consumers with a
         # priority policy alone, as capped ones: their requests go through the scheduler.
@@ -573,6 +576,8 @@ async def _sqlite_named(
         )
         if claim:
             query = query.where(consumer.c.priority_policy == "none")
+    if claim:
+        query = query.where(not_paused(tx.dialect))
     if not capped:
         query = query.where(consumer.c.max_ack_pending.is_(None))
     return (await tx.conn.execute(query)).first()
@@ -642,7 +647,7 @@ async def _sqlite_claim(
         bridge = BridgeStore(tx)
         last_seq, _ = await bridge.last_sequences(pks[0])
         seqs = list(range(last_seq + 1, last_seq + len(pulled) + 1))
-        await bridge.record_delivery(pks[0], seqs[-1], max(j.id for j in pulled))
+        await bridge.record_delivery(pks[0], seqs[-1], max(j.message_pk for j in pulled))
     return Claimed(pulled, pending, seqs)
 
 

@@ -21,6 +21,7 @@ from sqlalchemy import (
     false,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 from app.store.types import Timestamp
 
@@ -116,6 +117,13 @@ consumer = Table(
     Column("ack_policy", String(16), nullable=True),
     Column("inactive_threshold", BigInteger(), nullable=True),
     Column("last_active_at", Timestamp(), nullable=True),
+    # Migration 0016: a push consumer over NATS (NULL deliver_subject: pulled).
+    Column("deliver_subject", String(255), nullable=True),
+    Column("deliver_group", String(255), nullable=True),
+    Column("idle_heartbeat", BigInteger(), nullable=True),
+    Column("flow_control", Boolean(), nullable=False, server_default=false()),
+    # Migration 0015: claims and pushes stop until then (NULL or past: running).
+    Column("paused_until", Timestamp(), nullable=True),
     UniqueConstraint("channel_id", "consumer_id"),
     Index(
         "ix_consumer_inactive",
@@ -213,6 +221,8 @@ job = Table(
     Column("created_at", Timestamp(), nullable=False),
     Column("dead_reason", Text(), nullable=True),
     Column("last_error", Text(), nullable=True),
+    # Migration 0015: the last attempts, oldest first (app/store/attempts.py).
+    Column("attempts", JSON().with_variant(JSONB(), "postgresql"), nullable=True),
     # Sweep path: expired leases, smallest first.
     Index(
         "ix_job_sweep",

@@ -1,15 +1,29 @@
-"""Consumers of a channel: PUT (form), GET, DELETE and the channel's consumer list."""
+"""Consumers of a channel: PUT (form), GET, DELETE, the channel's consumer list, and a
+consumer's pause (PUT .../pause, DELETE .../pause to resume)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
 
 from app.api import schemas, views
-from app.api.deps import AdminDep, ChannelReaderDep, CursorDep, FormDep, RuntimeDep
+from app.api.body import request_body
+from app.api.deps import (
+    FORM_CONTENT_TYPE,
+    AdminDep,
+    ChannelReaderDep,
+    CursorDep,
+    FormDep,
+    RuntimeDep,
+    urlencoded_form,
+)
 from app.api.openapi import CHANGE, CHANNEL, CURSOR, DATABASE, FORM, answer, errors, form_body
 from app.api.responses import JSONResponse
 from app.api.routes.stakeholders import UnmodifiedSince
+from app.domain.errors import InvalidInput, UnsupportedMediaType
 from app.domain.models import Consumer
+from app.domain.times import utc_moment
 from app.services.admin import ConsumerForm, http_date
 
 router = APIRouter(tags=["management"])
@@ -105,3 +119,53 @@ async def list_consumers(
     urls = [views.consumer_path(channel_id, item.id) for item in page.items]
     path = f"/channel/{views.segment(channel_id)}/consumers"
     return JSONResponse(views.url_list(path, urls, page))
+
+
+async def pause_fields(request: Request) -> dict[str, str]:
+    """A pause's optional form; no body at all pauses until resumed. Read after the admin
+    check, as FormDep."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type == FORM_CONTENT_TYPE:
+        return await urlencoded_form(request)
+    if await request_body(request):
+        raise UnsupportedMediaType(f"send the fields as {FORM_CONTENT_TYPE}, or no body")
+    return {}
+
+
+PauseFormDep = Annotated[dict[str, str], Depends(pause_fields)]
+PAUSE_FORM = {400: "until is not an RFC 3339 time with an offset", **FORM}
+
+
+@router.put(
+    "/channel/{channel_id}/consumer/{consumer_id}/pause",
+    response_model=schemas.Consumer,
+    responses={
+        200: answer("paused: claims and pushes stop, publishes are still stored", "Last-Modified"),
+        **errors(PAUSE_FORM, {404: "no such channel or consumer"}, DATABASE),
+    },
+    openapi_extra=form_body(schemas.PauseForm, required=False),
+)
+async def pause_consumer(
+    channel_id: str, consumer_id: str, rt: RuntimeDep, _: AdminDep, form: PauseFormDep
+) -> JSONResponse:
+    raw = form.get("until")
+    until = None
+    if raw:
+        until = utc_moment(raw)
+        if until is None:
+            raise InvalidInput("until must be an RFC 3339 time with an offset")
+    return await _one(rt, await rt.pauses.pause(channel_id, consumer_id, until))
+
+
+@router.delete(
+    "/channel/{channel_id}/consumer/{consumer_id}/pause",
+    response_model=schemas.Consumer,
+    responses={
+        200: answer("resumed: waiting pulls and the dispatchers claim at once", "Last-Modified"),
+        **errors({404: "no such channel or consumer"}, DATABASE),
+    },
+)
+async def resume_consumer(
+    channel_id: str, consumer_id: str, rt: RuntimeDep, _: AdminDep
+) -> JSONResponse:
+    return await _one(rt, await rt.pauses.resume(channel_id, consumer_id))

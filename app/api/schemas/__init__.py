@@ -10,7 +10,13 @@ from app.api.schemas.jobs import (
     QueuedJobs,
     Requeued,
 )
-from app.api.schemas.management import Consumer, ConsumerForm, Stakeholder, StakeholderForm
+from app.api.schemas.management import (
+    Consumer,
+    ConsumerForm,
+    PauseForm,
+    Stakeholder,
+    StakeholderForm,
+)
 from app.api.schemas.messages import Message, MessagesStatus, ScheduledLinks, ScheduledMessage
 from app.api.schemas.pull import (
     AckBody,
@@ -50,6 +56,7 @@ __all__ = [
     "Message",
     "MessagesStatus",
     "NextStateBody",
+    "PauseForm",
     "PullBody",
     "Pulled",
     "QueuedJobs",

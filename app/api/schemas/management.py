@@ -36,6 +36,9 @@ class Consumer(Stakeholder):
     PriorityGroups: list[str]
     PriorityPolicy: Policy
     PriorityTimeout: int | None
+    # Claims and pushes stopped (PUT .../pause); until when (null: until resumed, or running).
+    Paused: bool
+    PausedUntil: MaybeTime
     # push consumers only
     SigningSecret: NotRequired[Annotated[str | None, OnlyOnPut]]
     MaxInFlight: NotRequired[int]
@@ -102,3 +105,13 @@ class ConsumerForm(StakeholderForm):
     )
     signingSecretOverlap: int | None = Field(None, ge=1, le=MAX_INT32, description="seconds")
     enabled: bool | None = None
+
+
+class PauseForm(BaseModel):
+    """A pause (PUT .../consumer/{id}/pause); no body pauses until resumed."""
+
+    until: str | None = Field(
+        None,
+        description="RFC 3339 time with an offset: the consumer resumes by itself then (a time "
+        "already past resumes it now)",
+    )
