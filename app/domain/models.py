@@ -85,13 +85,6 @@ class ConsumerOptions:
     ephemeral: bool = False
     ack_policy: str | None = None
     inactive_threshold: int | None = None
-    # Migration 0016: a push consumer over NATS: the bridge delivers its jobs to
-    # `deliver_subject` (a queue group `deliver_group` splits them), with idle heartbeats every
-    # `idle_heartbeat` ns and nats-server's flow control.
-    deliver_subject: str | None = None
-    deliver_group: str | None = None
-    idle_heartbeat: int | None = None
-    flow_control: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +165,6 @@ class PulledJob(NamedTuple):
     content_type: str
     headers: dict[str, str]
     consumer_pk: int = 0  # the push dispatcher claims for many consumers at once
-    # The message's position in its channel: the NATS bridge's stream sequence.
-    message_pk: int = 0
 
     @classmethod
     def of(cls, claimed: ClaimedJob) -> PulledJob:
@@ -189,7 +180,6 @@ class PulledJob(NamedTuple):
             message.content_type,
             message.headers,
             job.consumer_pk,
-            message.pk,
         )
 
 
