@@ -4,7 +4,6 @@ description and `Nats-Pending-*` headers, heartbeats, round-robin among waiting 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable
@@ -29,6 +28,7 @@ from tests.bridge.conftest import (
     reference_consumer,
     uncapped_only,
 )
+from tests.helpers.jetstream import until_consumer
 from tests.helpers.natsproc import NatsServer
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.workers"
@@ -73,6 +73,7 @@ async def collect(
 
 async def wire_scenario(url: str, publish: Publish) -> dict[str, Any]:
     nc = await nats.connect(url)
+    js = nc.jetstream()
     out: dict[str, Any] = {}
     try:
         out["bad_json"] = await collect(nc, b"{bad", 0.3)
@@ -95,12 +96,12 @@ async def wire_scenario(url: str, publish: Publish) -> dict[str, Any]:
             nc, b'{"batch": 1, "expires": 1200000000, "idle_heartbeat": 500000000}', 1.5
         )
         await publish(["w1"])
-        # (JetStream notices a new message asynchronously: a no_wait pull sent in the same
+        # (JetStream takes in a new message asynchronously: a no_wait pull sent in the same
         # instant as the publish can still see an empty stream.)
-        await asyncio.sleep(0.2)
+        await until_consumer(js, "orders", "workers", num_pending=1)
         out["drained_no_wait"] = await collect(nc, b'{"batch": 3, "no_wait": true}', 0.3)
         await publish(["w2"])
-        await asyncio.sleep(0.2)
+        await until_consumer(js, "orders", "workers", num_pending=1)
         out["too_big"] = await collect(
             nc, b'{"batch": 1, "max_bytes": 10, "expires": 400000000}', 0.6
         )
@@ -112,7 +113,7 @@ async def wire_scenario(url: str, publish: Publish) -> dict[str, Any]:
         )
 
         async def later() -> None:
-            await asyncio.sleep(0.2)
+            await until_consumer(js, "orders", "workers", num_waiting=1)
             await publish(["w3"])
 
         out["empty_body_waits"] = await collect(nc, b"", 1.0, during=later)
@@ -124,11 +125,17 @@ async def wire_scenario(url: str, publish: Publish) -> dict[str, Any]:
         await nc.publish(NEXT, b'{"batch": 2, "expires": 1500000000}', reply=a)
         await nc.publish(NEXT, b'{"batch": 2, "expires": 1500000000}', reply=b)
         await nc.flush()
-        await asyncio.sleep(0.2)
+        await until_consumer(js, "orders", "workers", num_waiting=2)
         await publish(["r1", "r2", "r3"])
-        await asyncio.sleep(1.6)
         for name, sub in (("round_robin_a", sub_a), ("round_robin_b", sub_b)):
-            got = []
+            got: list[tuple[Any, ...]] = []
+            # Each request to its end (its batch filled, or its status at the 1.5 s expiry),
+            # then anything that would follow it.
+            while len(got) < 2 and not any(line[0] == "status" for line in got):
+                msg = await sub.next_msg(timeout=10)
+                got.append(summarize(msg, pending_bytes=True))
+                if msg.reply:
+                    await nc.publish(msg.reply, b"")
             with contextlib.suppress(NatsTimeoutError):
                 while True:
                     msg = await sub.next_msg(timeout=0.05)
@@ -420,7 +427,8 @@ async def test_max_waiting_and_api_prefix(
         psub = await js.pull_subscribe("orders", durable="workers")
         with pytest.raises(NatsTimeoutError):
             await psub.fetch(1, timeout=0.5)
-        await asyncio.sleep(0.3)  # let that request's 408 go out: it counts until it expires
+        # That request counts in the wait queue until it expires.
+        await until_consumer(js, "orders", "workers", num_waiting=0)
         # Fill the wait queue of `workers` (max-waiting 512) and see the 513th refused.
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
@@ -433,7 +441,7 @@ async def test_max_waiting_and_api_prefix(
         await nc.flush()
         refused = nc.new_inbox()
         refused_sub = await nc.subscribe(refused)
-        await asyncio.sleep(0.3)
+        await until_consumer(js, "orders", "workers", num_waiting=512)
         await nc.publish(
             "BRIDGE.API.CONSUMER.MSG.NEXT.orders.workers",
             b'{"batch": 1, "expires": 3000000000}',
@@ -457,7 +465,7 @@ async def deleted_while_waiting(url: str, delete: Callable[[], Awaitable[object]
     try:
 
         async def then_delete() -> None:
-            await asyncio.sleep(0.3)
+            await until_consumer(nc.jetstream(), "orders", "workers", num_waiting=1)
             await delete()
 
         return await collect(nc, b'{"batch": 2, "expires": 4000000000}', 3.0, during=then_delete)
