@@ -24,6 +24,7 @@ from app.config import Config
 from devtools.pg import free_port
 from tests.bridge.conftest import publish_http, uncapped_only
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.waiting import eventually
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 PIN_TIMEOUT = 2
@@ -93,14 +94,17 @@ async def processes(config: Config, hub: NatsServer) -> AsyncIterator[Processes]
 
 async def ready(url: str, processes: Processes, name: str) -> None:
     async with httpx.AsyncClient(base_url=url) as http:
-        for _ in range(300):
+
+        async def answers() -> bool:
             try:
-                if (await http.get("/_status")).status_code == 200:
-                    return
+                return (await http.get("/_status")).status_code == 200
             except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"{name} never answered:\n{processes.log(name)}")
+                return False
+
+        try:
+            await eventually(answers, 30, 0.1, what=f"{name} answering")
+        except AssertionError:
+            raise AssertionError(f"{name} never answered:\n{processes.log(name)}") from None
 
 
 def consumer_auth(name: str) -> dict[str, str]:
@@ -145,12 +149,15 @@ async def test_pins_and_overflow_counts_hold_across_processes(
         advised.append(json.loads(msg.data))
 
     await nc.subscribe("$JS.EVENT.ADVISORY.CONSUMER.>", cb=collect)
-    for _ in range(100):  # until a bridge answers
+
+    async def a_bridge_answers() -> bool:
         try:
             await nc.request("$JS.API.INFO", b"", timeout=0.5)
-            break
         except Exception:
-            await asyncio.sleep(0.1)
+            return False
+        return True
+
+    await eventually(a_bridge_answers, 60, 0.1, what="a bridge answering")
     a = httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports[0]}", timeout=30)
     b = httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports[1]}", timeout=30)
     try:
@@ -189,7 +196,7 @@ async def test_pins_and_overflow_counts_hold_across_processes(
         assert payloads(await pull(a, "over", group="jobs", min_pending=3, no_wait=True)) == []
         assert payloads(await pull(b, "over", group="jobs", min_pending=2, no_wait=True)) == ["j2"]
         await nc.flush()
-        await asyncio.sleep(0.5)
+        await eventually(lambda: len(advised) >= 3, what="the three pin advisories")
     finally:
         await a.aclose()
         await b.aclose()
