@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     PlatformCollector,
     ProcessCollector,
@@ -199,6 +200,32 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
         )
+
+        self.replica_lag = Gauge(
+            "webhook_broker_replica_lag_seconds",
+            "How far the [rdbms] replica-url replica was behind the primary at its last check"
+            " (NaN while it is unreachable or not a standby; a lower bound while beyond the"
+            " samples kept).",
+            registry=self.registry,
+        )
+        self.replica_lag.set(float("nan"))
+        self.reads = Counter(
+            "webhook_broker_reads",
+            "Reads that may go to the replica (status, lists, message reads, console pages), by"
+            " where they were served: replica or primary.",
+            ["source"],
+            registry=self.registry,
+        )
+        self._reads_by_source: dict[str, Counter] = {}
+
+    def read_served(self, source: str) -> None:
+        child = self._reads_by_source.get(source)
+        if child is None:
+            child = self._reads_by_source[source] = self.reads.labels(source)
+        child.inc()
+
+    def replica_lag_measured(self, seconds: float | None) -> None:
+        self.replica_lag.set(float("nan") if seconds is None else seconds)
 
     def watch_waiting(self, waiting: Callable[[], int]) -> None:
         self.snapshot.waiting = waiting

@@ -123,6 +123,62 @@ class Cluster:
                 time.sleep(0.1)
         raise RuntimeError("PostgreSQL did not start listening")
 
+    def standby(self) -> Cluster:
+        """A streaming replica of this (started) cluster: a second throwaway cluster made by
+        `pg_basebackup -R` (the primary's own settings, standby.signal and primary_conninfo),
+        started, and returned once its WAL receiver streams (asked of the replica itself, so
+        no name needs to match on the primary). initdb's trust rules already let 127.0.0.1
+        connect for replication; wal_level and max_wal_senders are the defaults'."""
+        replica = Cluster(
+            durable=self.durable, shared_buffers=self.shared_buffers, statements=self.statements
+        )
+        if replica._as_root:
+            shutil.chown(replica.root, "postgres")
+        replica._run(
+            str(self.bindir / "pg_basebackup"),
+            "-D",
+            str(replica.data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        )
+        # The primary's options, with the replica's own port and socket directory.
+        replica._options = self._options.replace(
+            f"-p {self.port} -k {self.root} ", f"-p {replica.port} -k {replica.root} ", 1
+        )
+        replica.up()
+        replica.wait_streaming()
+        return replica
+
+    def wait_streaming(self, timeout: float = 60) -> None:
+        """Until this standby's WAL receiver reports streaming (after `standby`, or `up`)."""
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        status: object = None
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(self.base_url, autocommit=True, connect_timeout=5) as conn:
+                    row = conn.execute(
+                        "SELECT pg_is_in_recovery(), (SELECT status FROM pg_stat_wal_receiver)"
+                    ).fetchone()
+                if row is not None and row[0] and row[1] == "streaming":
+                    return
+                status = row
+            except psycopg.OperationalError as exc:  # still starting: not accepting yet
+                status = str(exc)
+            time.sleep(0.05)
+        raise RuntimeError(f"the standby did not start streaming (last: {status!r})")
+
     def postmaster_pid(self) -> int:
         return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
 

@@ -563,6 +563,8 @@ INVALID_BY_PARSER = {
     "_base64_secret": "not*base64",
     "_path_prefixes": "_status",
     "_networks": "10.0.0.0/33",
+    "_postgres_url": "mysql://x/y",
+    "_duration": "5 parsecs",
 }
 TYPED_KEYS = [
     (section.name, key) for section in SECTIONS for key in section.keys if key.parse is not str

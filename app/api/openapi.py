@@ -96,6 +96,12 @@ HEADERS: dict[str, JSON] = {
         "required": True,
     },
     "Retry-After": {"description": "seconds", "required": True},
+    "X-Broker-Read-From": {
+        "description": "which database answered: replica (within [rdbms] replica-max-lag of "
+        "the primary) or primary (no replica, or it lags or is down)",
+        "required": True,
+        "schema": {"type": "string", "enum": ["replica", "primary"]},
+    },
 }
 for _header in HEADERS.values():
     _header.setdefault("schema", {"type": "string"})

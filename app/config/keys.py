@@ -153,6 +153,33 @@ def _networks(raw: str) -> tuple[str, ...]:
     return values
 
 
+def _postgres_url(raw: str) -> str:
+    """Empty (none), or a PostgreSQL URL."""
+    if raw and not raw.startswith(("postgresql://", "postgres://")):
+        raise ValueError("must be postgresql://user:password@host:port/dbname (or empty)")
+    return raw
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(raw: str) -> float:
+    """Seconds, from '5s', '250ms', '1.5s', '2m', '1h' or a bare number of seconds."""
+    text = raw.strip().lower()
+    number, scale = text, 1.0
+    for unit in ("ms", "s", "m", "h"):  # "ms" before "s" and "m"
+        if text.endswith(unit):
+            number, scale = text[: -len(unit)].strip(), _DURATION_UNITS[unit]
+            break
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ValueError("must be a duration such as 5s, 250ms or 2m") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("must be a positive duration")
+    return value
+
+
 def _nats_mode(raw: str) -> str:
     if raw.lower() not in ("client", "hybrid"):
         raise ValueError("must be client or hybrid")
@@ -257,6 +284,24 @@ SECTIONS: tuple[Section, ...] = (
                 "20",
                 _positive_int,
                 "Most connections open at once (PostgreSQL).",
+            ),
+            Key(
+                "replica-url",
+                "",
+                _postgres_url,
+                "A streaming replica (hot standby) of the PostgreSQL database, as a "
+                "postgresql:// URL: status, lists, message reads and the console read from it "
+                "while it is within replica-max-lag (the response header X-Broker-Read-From "
+                "says which answered). Empty, or with sqlite: everything reads the primary.",
+                secret=True,  # it may hold a password
+            ),
+            Key(
+                "replica-max-lag",
+                "5s",
+                _duration,
+                "How far behind the primary the replica may be for reads to go to it (5s, "
+                "250ms, 1m); beyond it, or while it is unreachable, they go to the primary.",
+                attr="replica_max_lag_seconds",
             ),
         ),
     ),

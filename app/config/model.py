@@ -6,7 +6,7 @@ so tests and tools can build one from a few fields and no default is written twi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from app.config.keys import default
 from app.domain.jobs import RetryPolicy
@@ -30,6 +30,16 @@ class DatabaseConfig:
     pool_size: int = _POOL[0]
     max_overflow: int = _POOL[1]
     pool_recycle_seconds: int = default("rdbms", "connxn-max-lifetime-seconds")
+    replica_url: str = default("rdbms", "replica-url")
+    replica_max_lag_seconds: float = default("rdbms", "replica-max-lag")
+
+    @property
+    def replica(self) -> DatabaseConfig | None:
+        """The replica as a database of its own (the primary's pool sizes), or None: none
+        configured, or SQLite, which has no replicas."""
+        if not self.replica_url or self.dialect != "postgresql":
+            return None
+        return replace(self, connection_url=self.replica_url, replica_url="")
 
     @property
     def sqlalchemy_url(self) -> str:

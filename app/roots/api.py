@@ -47,6 +47,7 @@ class ApiRoot(PullingProcess):
                 deny_private=config.push.deny_private_callbacks,
                 allow=config.push.allow_callback_networks,
             ),
+            reads=self.reads,
         )
         self.publishing = PublishingService(
             self.db,
@@ -55,7 +56,7 @@ class ApiRoot(PullingProcess):
             min_schedule_delay=config.min_schedule_delay_minutes * 60,
             token_header=config.consumer_connection.token_header_name,
         )
-        self.messages = MessageQueries(self.db)
+        self.messages = MessageQueries(self.db, self.reads)
         self.health = HealthService(self.db, head_revisions(config.database))
         self.redrives = RedriveService(self.db, self.metrics.transition)
         self.pulls = PullService(
@@ -71,8 +72,8 @@ class ApiRoot(PullingProcess):
                 max_stream_buffer_bytes=config.pull.max_stream_buffer_bytes,
             ),
         )
-        self.seed_jobs = SeedJobService(self.db, self.queue, ack_wait)
-        self.console = ConsoleService(self.db)
+        self.seed_jobs = SeedJobService(self.db, self.queue, ack_wait, self.reads)
+        self.console = ConsoleService(self.db, self.reads)
         self.pauses = PauseService(self.db)
         self._draining = False
 

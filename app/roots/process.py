@@ -16,11 +16,13 @@ from app.metrics import Metrics
 from app.services.advisories import Advisories
 from app.services.job_status import JobStatusQueries
 from app.services.push import push_targets
+from app.services.reads import Reads
 from app.services.seeding import apply_seed
 from app.services.signals import Signals
 from app.services.tokens import TokenKeys
 from app.store.db import Database
 from app.store.listener import NotifyListener
+from app.store.replica import replica_database
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ class Process:
     tokens: TokenKeys
     advisories: Advisories
     job_status: JobStatusQueries
+    # Reads that may go to [rdbms] replica-url (the primary's without one).
+    reads: Reads
     listener: NotifyListener | None
 
     def __init__(self, config: Config, *, listen: bool, nats_advisories: bool) -> None:
@@ -57,7 +61,14 @@ class Process:
         self.tokens = TokenKeys(self.db, config.http.token_hash_key)
         # JetStream advisories: published once a NATS publisher is attached (see start()).
         self.advisories = Advisories()
-        self.job_status = JobStatusQueries(self.db)
+        self.reads = Reads(
+            self.db,
+            replica_database(config.database),
+            config.database.replica_max_lag_seconds,
+            observe_read=self.metrics.read_served,
+            observe_lag=self.metrics.replica_lag_measured,
+        )
+        self.job_status = JobStatusQueries(self.db, self.reads)
         self.listener = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -70,6 +81,8 @@ class Process:
             self.spawn(self.listener.run, "notify-listener")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.listener.ready.wait(), timeout=10)
+        if self.reads.replica is not None:
+            self.spawn(self.reads.watch, "replica-lag")
         if self.nats_advisories and self.config.nats.configured:
             nats, advisories = self.config.nats, self.advisories
             self.spawn(
@@ -127,4 +140,5 @@ class Process:
             self._tasks.clear()
         for close in self._closers:
             await close()
+        await self.reads.close()
         await self.db.dispose()

@@ -22,6 +22,7 @@ from app.domain.models import (
 )
 from app.domain.priority import NO_PRIORITY, PrioritySettings, parse_policy, priority_settings
 from app.domain.signing import new_signing_secret, parse_signing_secret
+from app.services.reads import Reads
 from app.services.tokens import TokenKeys
 from app.store.bridge import BridgeStore
 from app.store.db import Database, Tx
@@ -194,8 +195,12 @@ class AdminService:
         default_signing_overlap: int = 86_400,
         *,
         callbacks: CallbackPolicy | None = None,
+        reads: Reads | None = None,
     ) -> None:
         self._db = db
+        # The lists may be read from the replica; single objects are read from the primary,
+        # since their Last-Modified goes back as If-Unmodified-Since on the next change.
+        self._reads = reads or Reads.primary_only(db)
         # A callback URL that is a denied address is refused at once; a name, at delivery.
         self._callbacks = callbacks or CallbackPolicy.of(DEFAULT_DENIED_CALLBACK_NETWORKS)
         self._tokens = tokens
@@ -245,8 +250,7 @@ class AdminService:
         return found
 
     async def list_stakeholders(self, kind: str, cursor: Cursor) -> Page[Stakeholder]:
-        async with self._db.transaction() as tx:
-            return await self._store(kind, tx).list(cursor, PAGE_SIZE)
+        return await self._reads.read(lambda tx: self._store(kind, tx).list(cursor, PAGE_SIZE))
 
     @staticmethod
     def _store(kind: str, tx: Tx) -> StakeholderStore:
@@ -353,7 +357,9 @@ class AdminService:
         return True
 
     async def list_consumers(self, channel_id: str, cursor: Cursor) -> Page[Consumer]:
-        async with self._db.transaction() as tx:
+        async def read(tx: Tx) -> Page[Consumer]:
             if await channels(tx).get(channel_id) is None:
                 raise NotFound(f"channel {channel_id!r} not found")
             return await ConsumerStore(tx).list(channel_id, cursor, PAGE_SIZE)
+
+        return await self._reads.read(read)

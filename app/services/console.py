@@ -20,7 +20,8 @@ from app.domain.console import (
 )
 from app.domain.errors import Forbidden, InvalidInput, NotFound
 from app.domain.jobs import JobStatus
-from app.domain.models import ClaimedJob, Consumer, ConsumerType
+from app.domain.models import ClaimedJob, Consumer, ConsumerType, LedgerEntry
+from app.services.reads import Reads
 from app.store.console import ConsoleStore
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
@@ -51,13 +52,17 @@ class Matching:
 
 
 class ConsoleService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, reads: Reads | None = None) -> None:
         self._db = db
+        # The pages' reads (overview, search, job page) may go to the replica; what an action
+        # reads to decide (consumer, matching) and the audit log stay on the primary.
+        self._reads = reads or Reads.primary_only(db)
 
     async def overview(self) -> Overview:
-        async with self._db.transaction() as tx:
-            rows = await ConsoleStore(tx).overview()
-            ledger = await LedgerStore(tx).entries()
+        async def read(tx: Tx) -> tuple[list[ConsumerRow], list[LedgerEntry]]:
+            return await ConsoleStore(tx).overview(), list(await LedgerStore(tx).entries())
+
+        rows, ledger = await self._reads.read(read)
         return Overview(
             rows,
             {(e.channel_id, e.consumer_id): e.unaccounted for e in ledger},
@@ -71,11 +76,13 @@ class ConsoleService:
     async def search(
         self, channel_id: str, consumer_id: str, which: JobFilter, before: int | None
     ) -> SearchPage:
-        async with self._db.transaction() as tx:
+        async def read(tx: Tx) -> tuple[list[ClaimedJob], int | None, int]:
             found = await _consumer(tx, channel_id, consumer_id)
-            rows, lowest, scanned = await ConsoleStore(tx).search(
+            return await ConsoleStore(tx).search(
                 found.pk, channel_id, which, before=before, limit=PAGE_SIZE + 1, scan=SCAN_ROWS
             )
+
+        rows, lowest, scanned = await self._reads.read(read)
         if which.payload is None:
             more = len(rows) > PAGE_SIZE
             rows = rows[:PAGE_SIZE]
@@ -89,12 +96,14 @@ class ConsoleService:
         return SearchPage(hits, next_before, scanned)
 
     async def job(self, channel_id: str, consumer_id: str, job_id: int) -> ClaimedJob:
-        async with self._db.transaction() as tx:
+        async def read(tx: Tx) -> ClaimedJob:
             found = await _consumer(tx, channel_id, consumer_id)
             claimed = await JobStore(tx).get_with_message(job_id, found.pk)
-        if claimed is None:
-            raise NotFound(f"job {job_id} not found for consumer {consumer_id!r}")
-        return claimed
+            if claimed is None:  # raised inside: a replica's miss is asked of the primary
+                raise NotFound(f"job {job_id} not found for consumer {consumer_id!r}")
+            return claimed
+
+        return await self._reads.read(read)
 
     async def matching(self, channel_id: str, consumer_id: str, which: JobFilter) -> Matching:
         """The dead jobs of the filter a bulk requeue or delete would touch now."""

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from app.domain.errors import NotFound
 from app.domain.models import DeadCount, LedgerEntry, StatusCount
+from app.services.reads import Reads
 from app.store.db import Database
 from app.store.job_counts import JobCountStore
 from app.store.ledger import LedgerStore
@@ -13,20 +14,21 @@ from app.store.stakeholders import ConsumerStore
 
 
 class JobStatusQueries:
-    def __init__(self, db: Database) -> None:
+    """The counts and the ledger read from the replica when it is within the limit (they are
+    eventually consistent by nature: each is a snapshot the next change moves)."""
+
+    def __init__(self, db: Database, reads: Reads | None = None) -> None:
         self._db = db
+        self._reads = reads or Reads.primary_only(db)
 
     async def by_consumer(self) -> Sequence[StatusCount]:
-        async with self._db.transaction() as tx:
-            return await JobCountStore(tx).by_consumer_and_status()
+        return await self._reads.read(lambda tx: JobCountStore(tx).by_consumer_and_status())
 
     async def dead_by_consumer(self) -> Sequence[DeadCount]:
-        async with self._db.transaction() as tx:
-            return await JobCountStore(tx).dead_by_consumer()
+        return await self._reads.read(lambda tx: JobCountStore(tx).dead_by_consumer())
 
     async def ledger(self) -> Sequence[LedgerEntry]:
-        async with self._db.transaction() as tx:
-            return await LedgerStore(tx).entries()
+        return await self._reads.read(lambda tx: LedgerStore(tx).entries())
 
     async def settle_ledger(self, channel_id: str, consumer_id: str) -> LedgerEntry:
         """Take a consumer's holdings as its new opening balance (after a mismatch was looked

@@ -7,7 +7,8 @@ import builtins
 from app.domain.errors import Conflict, NotFound
 from app.domain.models import Cursor, Job, Message, Page
 from app.services.auth import publishing_producer
-from app.store.db import Database
+from app.services.reads import Reads
+from app.store.db import Database, Tx
 from app.store.job_counts import JobCountStore
 from app.store.jobs import JobStore
 from app.store.messages import MessageStore
@@ -17,19 +18,25 @@ PAGE_SIZE = 25
 
 
 class MessageQueries:
-    def __init__(self, db: Database) -> None:
+    """Its reads go to the replica when it is within the limit (app/services/reads.py)."""
+
+    def __init__(self, db: Database, reads: Reads | None = None) -> None:
         self._db = db
+        self._reads = reads or Reads.primary_only(db)
 
     async def list(
         self, channel_id: str, cursor: Cursor, *, scheduled_only: bool = False, due: bool | None
     ) -> Page[Message]:
         """The channel's messages, or its scheduled ones; `due`: see MessageStore.list."""
-        async with self._db.transaction() as tx:
+
+        async def read(tx: Tx) -> Page[Message]:
             if await channels(tx).get(channel_id) is None:
                 raise NotFound(f"channel {channel_id!r} not found")
             return await MessageStore(tx).list(
                 channel_id, cursor, PAGE_SIZE, scheduled_only=scheduled_only, due=due
             )
+
+        return await self._reads.read(read)
 
     async def cancel_scheduled(
         self,
@@ -53,19 +60,24 @@ class MessageQueries:
         self, channel_id: str, message_id: str
     ) -> tuple[Message, builtins.list[tuple[Job, str]]]:
         """The message and its jobs, each with the id of the consumer it belongs to."""
-        async with self._db.transaction() as tx:
+
+        async def read(tx: Tx) -> tuple[Message, builtins.list[tuple[Job, str]]]:
             found = await MessageStore(tx).get(channel_id, message_id)
             if found is None:
                 raise NotFound(f"message {message_id!r} not found in channel {channel_id!r}")
             jobs = await JobStore(tx).for_message(found.pk)
             consumers = {c.pk: c.id for c in await ConsumerStore(tx).for_channel(channel_id)}
-        return found, [(j, consumers.get(j.consumer_pk, "")) for j in jobs]
+            return found, [(j, consumers.get(j.consumer_pk, "")) for j in jobs]
+
+        return await self._reads.read(read)
 
     async def status_counts(self, channel_id: str) -> dict[str, int]:
-        async with self._db.transaction() as tx:
+        async def read(tx: Tx) -> dict[str, int]:
             if await channels(tx).get(channel_id) is None:
                 raise NotFound(f"channel {channel_id!r} not found")
             counts = await JobCountStore(tx).for_channel(channel_id)
             # SCHEDULED: those of the QUEUED ones whose scheduled message is yet to come.
             counts["SCHEDULED"] = await MessageStore(tx).scheduled_job_count(channel_id)
             return counts
+
+        return await self._reads.read(read)

@@ -11,6 +11,7 @@ from app.domain.models import ClaimedJob, Consumer, Cursor, Job, Page
 from app.domain.pulls import ConsumerCredentials, parse_job_id
 from app.services.acking import announce_capacity
 from app.services.auth import pull_consumer
+from app.services.reads import Reads
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.queue import Named, Queue
@@ -18,8 +19,13 @@ from app.store.stakeholders import check_consumer_tokens
 
 
 class SeedJobService:
-    def __init__(self, db: Database, queue: Queue, default_ack_wait: int) -> None:
+    def __init__(
+        self, db: Database, queue: Queue, default_ack_wait: int, reads: Reads | None = None
+    ) -> None:
         self._db = db
+        # The lists (queued jobs, the DLQ) may be read from the replica. A job read stays on
+        # the primary: a worker reads the job it just moved, and must see its move.
+        self._reads = reads or Reads.primary_only(db)
         self._queue = queue
         self._default_ack_wait = default_ack_wait
 
@@ -32,11 +38,13 @@ class SeedJobService:
     async def queued_jobs(
         self, creds: ConsumerCredentials, limit: int, cursor: Cursor
     ) -> Page[ClaimedJob]:
-        async with self._db.transaction() as tx:
+        async def read(tx: Tx) -> Page[ClaimedJob]:
             consumer = await self._consumer(tx, creds)
             if limit == 0:
                 return Page([])
             return await JobStore(tx).queued(consumer.pk, cursor, limit)
+
+        return await self._reads.read(read)
 
     async def set_state(
         self,
@@ -101,9 +109,11 @@ class SeedJobService:
             tx.announce([consumer.pk])
 
     async def dead_jobs(self, creds: ConsumerCredentials, cursor: Cursor, limit: int) -> Page[Job]:
-        async with self._db.transaction() as tx:
+        async def read(tx: Tx) -> Page[Job]:
             consumer = await self._consumer(tx, creds, any_type=True)
             return await JobStore(tx).dead(consumer.pk, cursor, limit)
+
+        return await self._reads.read(read)
 
     async def requeue_all_dead(self, creds: ConsumerCredentials) -> int:
         async with self._db.transaction() as tx:

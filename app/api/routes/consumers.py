@@ -19,6 +19,7 @@ from app.api.deps import (
     urlencoded_form,
 )
 from app.api.openapi import CHANGE, CHANNEL, CURSOR, DATABASE, FORM, answer, errors, form_body
+from app.api.reads import READ_FROM, ReadNoteDep
 from app.api.responses import JSONResponse
 from app.api.routes.stakeholders import UnmodifiedSince
 from app.domain.errors import InvalidInput, UnsupportedMediaType
@@ -110,15 +111,18 @@ async def delete_consumer(
 @router.get(
     "/channel/{channel_id}/consumers",
     response_model=schemas.Links,
-    responses={200: answer("a page of consumer links"), **errors(CURSOR, CHANNEL, DATABASE)},
+    responses={
+        200: answer("a page of consumer links", READ_FROM),
+        **errors(CURSOR, CHANNEL, DATABASE),
+    },
 )
 async def list_consumers(
-    channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep, cursor: CursorDep
+    channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep, cursor: CursorDep, read: ReadNoteDep
 ) -> JSONResponse:
     page = await rt.admin.list_consumers(channel_id, cursor)
     urls = [views.consumer_path(channel_id, item.id) for item in page.items]
     path = f"/channel/{views.segment(channel_id)}/consumers"
-    return JSONResponse(views.url_list(path, urls, page))
+    return JSONResponse(views.url_list(path, urls, page), headers=read.header)
 
 
 async def pause_fields(request: Request) -> dict[str, str]:

@@ -26,6 +26,7 @@ from app.api.openapi import (
     form_body,
     json_body,
 )
+from app.api.reads import READ_FROM, ReadNoteDep
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput
 from app.domain.pulls import ConsumerCredentials
@@ -56,19 +57,24 @@ def _base(creds: ConsumerCredentials) -> str:
     "/channel/{channel_id}/consumer/{consumer_id}/queued-jobs",
     response_model=schemas.QueuedJobs,
     responses={
-        200: answer("due QUEUED jobs, highest priority first"),
+        200: answer("due QUEUED jobs, highest priority first", READ_FROM),
         **errors(LIMIT, CURSOR, CONSUMER, PULL_ONLY, DATABASE),
     },
 )
 async def queued_jobs(
-    creds: CredentialsDep, rt: RuntimeDep, cursor: CursorDep, limit: str | None = None
+    creds: CredentialsDep,
+    rt: RuntimeDep,
+    cursor: CursorDep,
+    read: ReadNoteDep,
+    limit: str | None = None,
 ) -> JSONResponse:
     size = parse_limit(limit)
     page = await rt.seed_jobs.queued_jobs(creds, size, cursor)
     pages = {}
     if page.next_cursor:
         pages["next"] = f"{_base(creds)}/queued-jobs?limit={size}&next={page.next_cursor}"
-    return JSONResponse({"Result": [views.queued_job(j) for j in page.items], "Pages": pages})
+    body = {"Result": [views.queued_job(j) for j in page.items], "Pages": pages}
+    return JSONResponse(body, headers=read.header)
 
 
 @router.post(
@@ -154,10 +160,17 @@ async def delete_dead_job(job_id: str, creds: CredentialsDep, rt: RuntimeDep) ->
 @router.get(
     "/channel/{channel_id}/consumer/{consumer_id}/dlq",
     response_model=schemas.DeadJobs,
-    responses={200: answer("a page of dead jobs"), **errors(LIMIT, CURSOR, CONSUMER, DATABASE)},
+    responses={
+        200: answer("a page of dead jobs", READ_FROM),
+        **errors(LIMIT, CURSOR, CONSUMER, DATABASE),
+    },
 )
 async def dead_letters(
-    creds: CredentialsDep, rt: RuntimeDep, cursor: CursorDep, limit: str | None = None
+    creds: CredentialsDep,
+    rt: RuntimeDep,
+    cursor: CursorDep,
+    read: ReadNoteDep,
+    limit: str | None = None,
 ) -> JSONResponse:
     size = parse_limit(limit)
     page = await rt.seed_jobs.dead_jobs(creds, cursor, size)
@@ -171,7 +184,7 @@ async def dead_letters(
         }
         for job in page.items
     ]
-    return JSONResponse({"DeadJobs": dead, "Pages": pages})
+    return JSONResponse({"DeadJobs": dead, "Pages": pages}, headers=read.header)
 
 
 @router.delete(

@@ -13,6 +13,7 @@ from app.api.body import request_body
 from app.api.deps import ChannelReaderDep, CursorDep, RuntimeDep
 from app.api.limits import already_buffered
 from app.api.openapi import CHANNEL, CURSOR, DATABASE, PRODUCER, answer, errors, header
+from app.api.reads import READ_FROM, ReadNoteDep
 from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput, NotFound
 from app.services.publishing import Broadcast
@@ -125,7 +126,7 @@ def status_filter(given: list[str] | None, known: dict[str, bool]) -> bool | Non
     "/channel/{channel_id}/scheduled-messages",
     response_model=schemas.ScheduledLinks,
     responses={
-        200: answer("a page of scheduled message links"),
+        200: answer("a page of scheduled message links", READ_FROM),
         **errors(
             CURSOR, {400: "status is not SCHEDULED, DISPATCHED, 101 or 102"}, CHANNEL, DATABASE
         ),
@@ -136,6 +137,7 @@ async def list_scheduled_messages(
     rt: RuntimeDep,
     _read: ChannelReaderDep,
     cursor: CursorDep,
+    read: ReadNoteDep,
     status: StatusQuery = None,
 ) -> JSONResponse:
     due = status_filter(status, SCHEDULE_FILTER)
@@ -143,7 +145,8 @@ async def list_scheduled_messages(
     urls = [views.scheduled_message_path(channel_id, m.message_id) for m in page.items]
     path = f"/channel/{views.segment(channel_id)}/scheduled-messages"
     listed = views.url_list(path, urls, page)
-    return JSONResponse({"result": listed["Result"], "pages": listed["Pages"]})
+    body = {"result": listed["Result"], "pages": listed["Pages"]}
+    return JSONResponse(body, headers=read.header)
 
 
 @router.delete(
@@ -178,25 +181,25 @@ async def cancel_scheduled_message(
     "/channel/{channel_id}/scheduled-message/{message_id:path}",
     response_model=schemas.ScheduledMessage,
     responses={
-        200: answer("the scheduled message"),
+        200: answer("the scheduled message", READ_FROM),
         **errors({404: "no such message, or it was not scheduled"}, DATABASE),
     },
 )
 async def get_scheduled_message(
-    channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep
+    channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep, read: ReadNoteDep
 ) -> JSONResponse:
     """A scheduled message, with the Go original's field names."""
     message, _ = await rt.messages.get(channel_id, message_id)
     if message.scheduled_for is None:
         raise NotFound(f"message {message_id!r} of channel {channel_id!r} was not scheduled")
-    return JSONResponse(views.scheduled_message(message, datetime.now(UTC)))
+    return JSONResponse(views.scheduled_message(message, datetime.now(UTC)), headers=read.header)
 
 
 @router.get(
     "/channel/{channel_id}/messages",
     response_model=schemas.Links,
     responses={
-        200: answer("a page of message links, newest first"),
+        200: answer("a page of message links, newest first", READ_FROM),
         **errors(
             CURSOR, {400: "status is not ACKNOWLEDGED, DISPATCHED, 101 or 102"}, CHANNEL, DATABASE
         ),
@@ -207,13 +210,14 @@ async def list_messages(
     rt: RuntimeDep,
     _read: ChannelReaderDep,
     cursor: CursorDep,
+    read: ReadNoteDep,
     status: StatusQuery = None,
 ) -> JSONResponse:
     """The channel's messages, newest first; `status` as the Go original's (repeatable)."""
     page = await rt.messages.list(channel_id, cursor, due=status_filter(status, MESSAGE_FILTER))
     urls = [views.message_path(channel_id, item.message_id) for item in page.items]
     path = f"/channel/{views.segment(channel_id)}/messages"
-    return JSONResponse(views.url_list(path, urls, page))
+    return JSONResponse(views.url_list(path, urls, page), headers=read.header)
 
 
 # Message ids come from a header and may contain '/': the last parameter takes the rest.
@@ -221,23 +225,25 @@ async def list_messages(
     "/channel/{channel_id}/message/{message_id:path}",
     response_model=schemas.Message,
     responses={
-        200: answer("the message and its jobs"),
+        200: answer("the message and its jobs", READ_FROM),
         **errors({404: "no such message in the channel"}, DATABASE),
     },
 )
 async def get_message(
-    channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep
+    channel_id: str, message_id: str, rt: RuntimeDep, _read: ChannelReaderDep, read: ReadNoteDep
 ) -> JSONResponse:
     message, jobs = await rt.messages.get(channel_id, message_id)
-    return JSONResponse(views.message(message, jobs))
+    return JSONResponse(views.message(message, jobs), headers=read.header)
 
 
 @router.get(
     "/channel/{channel_id}/messages-status",
     response_model=schemas.MessagesStatus,
-    responses={200: answer("job counts by status"), **errors(CHANNEL, DATABASE)},
+    responses={200: answer("job counts by status", READ_FROM), **errors(CHANNEL, DATABASE)},
 )
-async def messages_status(channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep) -> JSONResponse:
+async def messages_status(
+    channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep, read: ReadNoteDep
+) -> JSONResponse:
     counts = await rt.messages.status_counts(channel_id)
     return JSONResponse(
         {
@@ -246,5 +252,6 @@ async def messages_status(channel_id: str, rt: RuntimeDep, _read: ChannelReaderD
                 # SCHEDULED: those of the QUEUED jobs whose scheduled message is yet to come.
                 for status in ("QUEUED", "INFLIGHT", "DELIVERED", "DEAD", "SCHEDULED")
             }
-        }
+        },
+        headers=read.header,
     )

@@ -16,6 +16,7 @@ from app.api.deps import (
     RuntimeDep,
 )
 from app.api.openapi import CHANGE, CHANNEL, CURSOR, DATABASE, FORM, answer, errors, form_body
+from app.api.reads import READ_FROM, ReadNoteDep
 from app.api.responses import JSONResponse
 from app.domain.models import Stakeholder
 from app.services.admin import http_date
@@ -65,12 +66,17 @@ async def get_producer(producer_id: str, rt: RuntimeDep, _read: ReaderDep) -> JS
 @router.get(
     "/producers",
     response_model=schemas.Links,
-    responses={200: answer("a page of producer links"), **errors(CURSOR, DATABASE)},
+    responses={
+        200: answer("a page of producer links", READ_FROM),
+        **errors(CURSOR, DATABASE),
+    },
 )
-async def list_producers(rt: RuntimeDep, _read: ReaderDep, cursor: CursorDep) -> JSONResponse:
+async def list_producers(
+    rt: RuntimeDep, _read: ReaderDep, cursor: CursorDep, read: ReadNoteDep
+) -> JSONResponse:
     page = await rt.admin.list_stakeholders("producer", cursor)
     urls = [views.stakeholder_path("producer", item.id) for item in page.items]
-    return JSONResponse(views.url_list("/producers", urls, page))
+    return JSONResponse(views.url_list("/producers", urls, page), headers=read.header)
 
 
 @router.put(
@@ -103,9 +109,14 @@ async def get_channel(channel_id: str, rt: RuntimeDep, _read: ChannelReaderDep) 
 @router.get(
     "/channels",
     response_model=schemas.Links,
-    responses={200: answer("a page of channel links"), **errors(CURSOR, DATABASE)},
+    responses={
+        200: answer("a page of channel links", READ_FROM),
+        **errors(CURSOR, DATABASE),
+    },
 )
-async def list_channels(rt: RuntimeDep, _read: ReaderDep, cursor: CursorDep) -> JSONResponse:
+async def list_channels(
+    rt: RuntimeDep, _read: ReaderDep, cursor: CursorDep, read: ReadNoteDep
+) -> JSONResponse:
     page = await rt.admin.list_stakeholders("channel", cursor)
     urls = [views.stakeholder_path("channel", item.id) for item in page.items]
-    return JSONResponse(views.url_list("/channels", urls, page))
+    return JSONResponse(views.url_list("/channels", urls, page), headers=read.header)

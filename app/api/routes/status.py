@@ -5,6 +5,7 @@ from fastapi import APIRouter, Response
 from app.api import schemas, views
 from app.api.deps import ReaderDep, RuntimeDep
 from app.api.openapi import UNAVAILABLE, answer, errors
+from app.api.reads import READ_FROM, ReadNoteDep
 from app.api.responses import JSONResponse
 from app.metrics import CONTENT_TYPE
 
@@ -75,19 +76,23 @@ async def metrics(rt: RuntimeDep) -> Response:
 @router.get(
     "/job-status",
     response_model=schemas.JobStatus,
-    responses={200: answer("jobs by channel, consumer and status"), **errors(UNAVAILABLE)},
+    responses={
+        200: answer("jobs by channel, consumer and status", READ_FROM),
+        **errors(UNAVAILABLE),
+    },
 )
-async def job_status(rt: RuntimeDep, _read: ReaderDep) -> JSONResponse:
+async def job_status(rt: RuntimeDep, _read: ReaderDep, read: ReadNoteDep) -> JSONResponse:
     """Jobs by channel, consumer and status with the oldest and newest job's creation time, as
     the Go original's (from counters kept with each change: no count of job rows)."""
-    return JSONResponse(views.job_status(await rt.job_status.by_consumer()))
+    return JSONResponse(views.job_status(await rt.job_status.by_consumer()), headers=read.header)
 
 
 @router.get(
     "/dlq-status",
     response_model=schemas.DlqStatus,
-    responses={200: answer("dead jobs per consumer"), **errors(UNAVAILABLE)},
+    responses={200: answer("dead jobs per consumer", READ_FROM), **errors(UNAVAILABLE)},
 )
-async def dlq_status(rt: RuntimeDep, _read: ReaderDep) -> JSONResponse:
+async def dlq_status(rt: RuntimeDep, _read: ReaderDep, read: ReadNoteDep) -> JSONResponse:
     """Dead jobs per consumer, as the Go original's."""
-    return JSONResponse(views.dlq_status(await rt.job_status.dead_by_consumer()))
+    body = views.dlq_status(await rt.job_status.dead_by_consumer())
+    return JSONResponse(body, headers=read.header)
