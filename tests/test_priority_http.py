@@ -24,6 +24,7 @@ from tests.helpers.pull import (
     setup_channel,
     until_waiting,
 )
+from tests.helpers.waiting import eventually
 
 
 async def put_raw(client: httpx.AsyncClient, consumer_id: str, **fields: str) -> httpx.Response:
@@ -235,10 +236,14 @@ async def test_a_pin_lapses_after_the_timeout_and_a_waiting_standby_takes_over(
     first = (await pull(client, k, group="jobs", no_wait=True)).json()["PinId"]
     await publish(client, "a2")
     standby = asyncio.create_task(pull(client, k, group="jobs", expires=20))
-    await until_waiting(runtime, await consumer_pk(runtime, "pin"))
-    await asyncio.sleep(1.2)
-    assert not standby.done()  # the pin holds until the sweeper finds it lapsed
-    assert await runtime.sweeps.expire_pins() == [(await consumer_pk(runtime, "pin"), "jobs")]
+    pk = await consumer_pk(runtime, "pin")
+    await until_waiting(runtime, pk)
+
+    async def lapsed() -> list[tuple[int, str]]:
+        assert not standby.done()  # the pin holds until the sweeper finds it lapsed
+        return await runtime.sweeps.expire_pins()
+
+    assert await eventually(lapsed, 10, 0.1, what="the pin lapsed (1 s)") == [(pk, "jobs")]
     r = await asyncio.wait_for(standby, timeout=10)
     assert [j["Message"]["Payload"] for j in r.json()["Jobs"]] == ["a2"]
     assert r.json()["PinId"] not in (None, first)

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, func, insert, select
 from app.config import load_config_text
 from app.store.migrate import sync_url
 from app.store.schema import consumer, job, message
+from tests.helpers.metrics import pulls_waiting
 from tests.helpers.processes import BrokerProcess, Setup, channel_with_consumer
 from tests.helpers.waiting import eventually
 
@@ -166,7 +167,11 @@ async def test_a_redrive_runs_to_completion_and_wakes_a_waiting_pull(
     async with channel_with_consumer(process, {}) as made:
         add_jobs(url, made, 300, "DEAD", datetime.now(UTC))
         waiting = asyncio.create_task(made.consumer.fetch(300, expires=20))
-        await asyncio.sleep(0.5)
+
+        async def pull_waiting() -> bool:
+            return await pulls_waiting(made.broker.http) == 1
+
+        await eventually(pull_waiting, what="the pull waiting in the broker")
         r = await start(made, perSecond=1000)
         assert r.status_code == 202, r.text
         jobs = await waiting
