@@ -229,7 +229,7 @@ class ApiHandler:
             ack_floor=ack_floor,
             num_ack_pending=stats.inflight,
             num_redelivered=state.redelivered,
-            num_waiting=self._engine.num_waiting(consumer.pk),
+            num_waiting=0 if spec.deliver_subject else self._engine.num_waiting(consumer.pk),
             num_pending=stats.due,
             backoff=spec.backoff,
             priority=consumer.priority,
@@ -242,6 +242,11 @@ class ApiHandler:
             durable=spec.durable,
             ack_policy=spec.ack_policy,
             inactive_threshold=spec.inactive_threshold,
+            deliver_subject=spec.deliver_subject,
+            deliver_group=spec.deliver_group,
+            idle_heartbeat=spec.idle_heartbeat,
+            flow_control=spec.flow_control,
+            push_bound=self._engine.push_bound(consumer),
         )
 
     async def _create(self, tokens: list[str], body: bytes) -> bytes:
@@ -258,6 +263,7 @@ class ApiHandler:
             return p.api_error(kind, exc.code, exc.err_code, exc.description)
         if created.changed:
             self._cache.forget(created.consumer.channel_id, created.consumer.id)
+            self._engine.consumer_changed(created.consumer)
         return await self.info_document(created.consumer, kind)
 
     async def _refuse_management(self, stream: str, request: CreateRequest) -> None:

@@ -30,6 +30,7 @@ from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
 from app.bridge.client import client_options, tls_context
 from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
+from app.bridge.push import FLOW_CONTROL_PREFIX, PushDeliveries
 from app.config import Config, NatsConfig
 from app.domain.errors import Unavailable
 from app.domain.nats_consumers import ProcessLimits
@@ -165,6 +166,8 @@ class Bridge:
         self.activity = Activity(self.service.mark_active, self.engine.num_waiting)
         self.engine.activity = self.activity
         self.engine.settle = self._settle
+        self.push = PushDeliveries(self.engine, runtime.scheduler, self.service.push_consumers)
+        self.engine.push = self.push
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
@@ -189,6 +192,11 @@ class Bridge:
         self._tasks.append(asyncio.create_task(self.acks.run(self._stop), name="bridge-acks"))
         self._tasks.append(
             asyncio.create_task(self.activity.run(self._stop), name="bridge-activity")
+        )
+        self._tasks.append(asyncio.create_task(self.push.run(self._stop), name="bridge-push"))
+        # Flow control replies: each bridge hears them all and takes those it asked for.
+        self._subs.append(
+            await self.nc.subscribe(f"{FLOW_CONTROL_PREFIX}.>", cb=self._flow_control_reply)
         )
         queue = config.queue_group
         api = config.api_prefix
@@ -235,6 +243,7 @@ class Bridge:
             await self.nc.flush(timeout=2)
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=5)
+        self.push.close()
         await self.engine.close()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.acks.wait_idle(), timeout=10)
@@ -319,6 +328,9 @@ class Bridge:
                 self.engine.submit(found.consumer, reply, body)
             except Exception:  # one bad request must not cost the others queued beside it
                 log_failure(log, "pull request for %s.%s failed", *key)
+
+    async def _flow_control_reply(self, msg: Msg) -> None:
+        self.push.flow_control_reply(msg.subject)
 
     def _settle(self, token: p.AckToken) -> None:
         self.acks.submit(InboundAck(token, SENT, None))

@@ -46,6 +46,16 @@ class Outbound(Protocol):
         """False when the subject is known to have no subscriber; None when unknown."""
 
 
+class PushHooks(Protocol):
+    """What the engine asks of the bridge's push deliveries."""
+
+    def bound(self, consumer: Consumer) -> bool: ...
+
+    def changed(self, consumer: Consumer) -> None: ...
+
+    def delivers(self, consumer_pk: int) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
     max_batch: int
@@ -112,42 +122,7 @@ class NatsRequest:
         return self.engine.out.ready()
 
     def offer(self, consumer: Consumer, delivery: Delivery, bytes_left: int | None) -> int | None:
-        job = delivery.job
-        token = p.AckToken(
-            stream=consumer.channel_id,
-            consumer=consumer.id,
-            delivered=job.attempt,
-            stream_seq=job.id,
-            consumer_seq=delivery.seq,
-            timestamp=timestamp_ns(job.created_at),
-            pending=delivery.pending,
-        )
-        engine = self.engine
-        reply = p.ack_subject(engine.ack_prefix, token)
-        backoff = consumer.options.backoff
-        if backoff and job.attempt > 1:
-            self.engine.lease_for(consumer, job.id, job.attempt)
-        headers = delivery_headers(job, consumer.channel_id)
-        if delivery.pin is not None:
-            headers.append(("Nats-Pin-Id", delivery.pin))
-        header = p.message_header_block(headers)
-        # What nats-server counts against max_bytes: subject, reply, headers and payload.
-        size = len(consumer.channel_id) + len(reply) + len(header) + len(job.payload)
-        if bytes_left is not None and size > bytes_left:
-            return None
-        if self.engine.stored_subject:
-            # Over a leafnode link, nats-server delivers a message whose reply is
-            # `$JS.ACK...@<subject>` to the inbox with `<subject>` as its subject and the
-            # suffix taken off the reply, as it delivers from a stream (server/client.go):
-            # clients that tell deliveries from statuses by the subject (the JS client) see
-            # the stored subject, the channel id.
-            reply = f"{reply}@{consumer.channel_id}"
-        engine.out.send(self.reply, reply, header, job.payload)
-        if engine.activity is not None:
-            engine.activity.touch(consumer)
-        if consumer.options.ack_policy == "none" and engine.settle is not None:
-            engine.settle(token)  # AckNone: DELIVERED once sent, as nats-server counts it
-        return size
+        return self.engine.deliver(consumer, delivery, self.reply, bytes_left)
 
     def end(self, outcome: PullEnd, waiter: Waiter, pending: int) -> None:
         status = ENDINGS[outcome]
@@ -193,6 +168,8 @@ class PullEngine:
         # Set by the bridge: expiring consumers' use, and AckNone consumers' acks.
         self.activity: Activity | None = None
         self.settle: Settle | None = None
+        # Set by the bridge: its push consumers' deliveries (app/bridge/push.py).
+        self.push: PushHooks | None = None
         self._leasing: asyncio.Task[None] | None = None
 
     def lease_for(self, consumer: Consumer, job_id: int, attempt: int) -> None:
@@ -218,6 +195,50 @@ class PullEngine:
         finally:
             self._leasing = None
 
+    def deliver(
+        self, consumer: Consumer, delivery: Delivery, to: str, bytes_left: int | None
+    ) -> int | None:
+        """Send a delivery to `to` (a request's inbox, a push consumer's deliver subject) as
+        JetStream sends it, and say how many bytes it counts against max_bytes; None (and
+        nothing sent) when that exceeds `bytes_left`."""
+        job = delivery.job
+        token = p.AckToken(
+            stream=consumer.channel_id,
+            consumer=consumer.id,
+            delivered=job.attempt,
+            stream_seq=job.message_pk,
+            consumer_seq=delivery.seq,
+            timestamp=timestamp_ns(job.created_at),
+            pending=delivery.pending,
+            job_id=job.id,
+        )
+        engine = self
+        reply = p.ack_subject(engine.ack_prefix, token)
+        backoff = consumer.options.backoff
+        if backoff and job.attempt > 1:
+            self.lease_for(consumer, job.id, job.attempt)
+        headers = delivery_headers(job, consumer.channel_id)
+        if delivery.pin is not None:
+            headers.append(("Nats-Pin-Id", delivery.pin))
+        header = p.message_header_block(headers)
+        # What nats-server counts against max_bytes: subject, reply, headers and payload.
+        size = len(consumer.channel_id) + len(reply) + len(header) + len(job.payload)
+        if bytes_left is not None and size > bytes_left:
+            return None
+        if self.stored_subject:
+            # Over a leafnode link, nats-server delivers a message whose reply is
+            # `$JS.ACK...@<subject>` to the inbox with `<subject>` as its subject and the
+            # suffix taken off the reply, as it delivers from a stream (server/client.go):
+            # clients that tell deliveries from statuses by the subject (the JS client) see
+            # the stored subject, the channel id.
+            reply = f"{reply}@{consumer.channel_id}"
+        engine.out.send(to, reply, header, job.payload)
+        if engine.activity is not None:
+            engine.activity.touch(consumer)
+        if consumer.options.ack_policy == "none" and engine.settle is not None:
+            engine.settle(token)  # AckNone: DELIVERED once sent, as nats-server counts it
+        return size
+
     def status(
         self, reply: str, code: int, description: str, headers: Iterable[tuple[str, str]] = ()
     ) -> None:
@@ -227,7 +248,7 @@ class PullEngine:
         """Validate a pull request in the server's order and queue it (or answer at once)."""
         if not reply or self._closed:
             return
-        if consumer.type is not ConsumerType.PULL:
+        if consumer.type is not ConsumerType.PULL or consumer.options.deliver_subject:
             self.status(reply, *p.PUSH_BASED)
             return
         try:
@@ -277,11 +298,22 @@ class PullEngine:
             ),
         )
 
+    def push_bound(self, consumer: Consumer) -> bool:
+        return self.push is not None and self.push.bound(consumer)
+
+    def consumer_changed(self, consumer: Consumer) -> None:
+        """Created or changed through this bridge: a push consumer is delivered from now."""
+        if self.push is not None:
+            self.push.changed(consumer)
+
     def claimed_ahead(self) -> int:
         """Jobs claimed for requests yet to come: ready to hand out, or being claimed."""
         return self.scheduler.claimed_ahead()
 
     def num_waiting(self, consumer_pk: int) -> int:
+        """Pull requests waiting (a push consumer's standing request is none)."""
+        if self.push is not None and self.push.delivers(consumer_pk):
+            return 0
         return self.scheduler.waiting(consumer_pk)
 
     def interest_gone(self, subject: str) -> None:

@@ -104,6 +104,9 @@ class LeafLink:
         self._writer: asyncio.StreamWriter | None = None
         self._interest: set[str] = set()
         self._gone: OrderedDict[str, None] = OrderedDict()
+        # Queue groups subscribed on the hub, by subject (a push consumer's deliver group): a
+        # message from a leafnode reaches a queue group only if its LMSG names it.
+        self._queues: dict[str, set[str]] = {}
         self.connected = asyncio.Event()
         self.connects = 0
 
@@ -115,6 +118,11 @@ class LeafLink:
     def send(self, subject: str, reply: str | None, header: bytes | None, payload: bytes) -> None:
         if self._writer is None or not self.connected.is_set():
             return
+        queues = self._queues.get(subject)
+        if queues:
+            names = " ".join(sorted(queues))
+            subject = f"{subject} + {reply} {names}" if reply else f"{subject} | {names}"
+            reply = None
         self._writer.write(encode_message("LMSG", subject, reply, header, payload))
 
     async def flush(self) -> None:
@@ -124,7 +132,7 @@ class LeafLink:
                 await writer.drain()
 
     def interest(self, subject: str) -> bool | None:
-        if subject in self._interest:
+        if subject in self._interest or subject in self._queues:
             return True
         if subject in self._gone:
             return False
@@ -158,6 +166,7 @@ class LeafLink:
         if writer is not None:
             writer.close()
         self._interest.clear()
+        self._queues.clear()
         if was_up:
             self._on_state(False)
 
@@ -275,6 +284,9 @@ class LeafLink:
         # Inboxes are plain subscriptions: queue interest (`LS+ subj queue weight`) is not ours
         # to track. The hub announces a plain subject once and withdraws it once.
         parts = line.split()
+        if len(parts) in (3, 4) and not parts[1].startswith(("$LDS.", "$SYS.")):
+            self._queue_line(parts)
+            return
         if len(parts) != 2 or parts[1].startswith(("$LDS.", "$SYS.")):
             return
         subject = parts[1]
@@ -287,6 +299,19 @@ class LeafLink:
         if len(self._gone) > GONE_MEMORY:
             self._gone.popitem(last=False)
         self._on_interest(subject, False)
+
+    def _queue_line(self, parts: list[str]) -> None:
+        """`LS+ <subject> <queue> <weight>` / `LS- <subject> <queue>`: the hub's weight is how
+        many members it has; the group is named while it has any."""
+        subject, queue = parts[1], parts[2]
+        members = int(parts[3]) if parts[0] == "LS+" and len(parts) == 4 else 0
+        groups = self._queues.setdefault(subject, set())
+        if members > 0:
+            groups.add(queue)
+        else:
+            groups.discard(queue)
+        if not groups:
+            del self._queues[subject]
 
 
 def _redact(url: str) -> str:

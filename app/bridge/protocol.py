@@ -834,6 +834,11 @@ class ConsumerView:
     durable: bool = True
     ack_policy: str = "explicit"
     inactive_threshold: int = 0  # ns
+    deliver_subject: str = ""  # a push consumer's (its config then has no pull limits)
+    deliver_group: str = ""
+    idle_heartbeat: int = 0  # ns
+    flow_control: bool = False
+    push_bound: bool = False
 
 
 # Go's zero time.Time, which INFO shows as a group's pinned_ts while nothing is pinned.
@@ -860,11 +865,21 @@ def consumer_info_document(
         "max_deliver": view.max_deliver,
         "filter_subject": view.stream,
         "replay_policy": "instant",
-        "max_waiting": view.max_waiting,
     }
+    if not view.deliver_subject:
+        config["max_waiting"] = view.max_waiting
     if view.max_ack_pending:
         config["max_ack_pending"] = view.max_ack_pending
-    config |= {"max_batch": view.max_batch, "max_expires": view.max_expires}
+    if view.flow_control:
+        config["flow_control"] = True
+    if view.deliver_subject:
+        config["deliver_subject"] = view.deliver_subject
+        if view.deliver_group:
+            config["deliver_group"] = view.deliver_group
+        if view.idle_heartbeat:
+            config["idle_heartbeat"] = view.idle_heartbeat
+    else:
+        config |= {"max_batch": view.max_batch, "max_expires": view.max_expires}
     if view.inactive_threshold:
         config["inactive_threshold"] = view.inactive_threshold
     config["num_replicas"] = 0
@@ -896,6 +911,8 @@ def consumer_info_document(
         "num_waiting": view.num_waiting,
         "num_pending": view.num_pending,
     }
+    if view.push_bound:
+        document["push_bound"] = True
     if priority.active:
         group: dict[str, object] = {"group": priority.group}
         if view.pinned_id:

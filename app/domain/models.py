@@ -85,6 +85,13 @@ class ConsumerOptions:
     ephemeral: bool = False
     ack_policy: str | None = None
     inactive_threshold: int | None = None
+    # Migration 0016: a push consumer over NATS: the bridge delivers its jobs to
+    # `deliver_subject` (a queue group `deliver_group` splits them), with idle heartbeats every
+    # `idle_heartbeat` ns and nats-server's flow control.
+    deliver_subject: str | None = None
+    deliver_group: str | None = None
+    idle_heartbeat: int | None = None
+    flow_control: bool = False
 
 
 @dataclass(frozen=True, slots=True)

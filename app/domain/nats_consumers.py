@@ -281,6 +281,10 @@ class ConsumerSpec:
     priority: PrioritySettings = field(default_factory=PrioritySettings)
     durable: bool = True
     inactive_threshold: int = 0  # ns, 0: never deleted for inactivity
+    # A push consumer (deliver_subject set): its queue group, heartbeat (ns) and flow control.
+    deliver_group: str = ""
+    idle_heartbeat: int = 0
+    flow_control: bool = False
 
     def metadata_dict(self) -> dict[str, str] | None:
         return dict(self.metadata) or None
@@ -346,6 +350,9 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
     if not is_durable and inactive_threshold == 0:
         # updateInactiveThreshold: ephemerals always expire, and the config shows it.
         inactive_threshold = DEFAULT_EPHEMERAL_THRESHOLD
+    idle_heartbeat = max(int(config.get("idle_heartbeat") or 0), 0)
+    if deliver_subject:
+        _check_push(config, deliver_subject, ack_policy, max_waiting, idle_heartbeat)
     if not deliver_subject:
         if _nonzero(config, "rate_limit_bps"):
             raise jetstream_error(400, 10086, "consumer in pull mode can not have rate limit set")
@@ -379,6 +386,8 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         raise jetstream_error(
             400, 10132, "Consumer Durable and Name have to be equal if both are provided"
         )
+    if config.get("flow_control") and idle_heartbeat == 0:
+        raise jetstream_error(400, 10108, "consumer with flow control also needs heartbeats")
     metadata = {
         k: v for k, v in (config.get("metadata") or {}).items() if not k.startswith(DYNAMIC_PREFIX)
     }
@@ -397,7 +406,7 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         max_ack_pending = -1
     if max_ack_pending == 0 and ack_policy != "none":
         max_ack_pending = DEFAULT_MAX_ACK_PENDING
-    if max_waiting == 0:
+    if max_waiting == 0 and not deliver_subject:
         max_waiting = DEFAULT_MAX_WAITING
     return ConsumerSpec(
         name=name,
@@ -415,7 +424,32 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         priority=priority,
         durable=is_durable,
         inactive_threshold=inactive_threshold,
+        deliver_group=str(config.get("deliver_group") or "") if deliver_subject else "",
+        idle_heartbeat=idle_heartbeat,
+        flow_control=bool(config.get("flow_control")),
     )
+
+
+def _check_push(
+    config: Mapping[str, Any],
+    deliver_subject: str,
+    ack_policy: str,
+    max_waiting: int,
+    idle_heartbeat: int,
+) -> None:
+    """checkConsumerCfg's push-mode checks, in its order (the cycle through the stream's own
+    subject is checked by `refuse_unsupported`, which knows the stream)."""
+    tokens = deliver_subject.split(".")
+    if any(t in ("*", ">") for t in tokens):
+        raise jetstream_error(400, 10079, "consumer deliver subject has wildcards")
+    if any(not t or any(ch in t for ch in " \t\r\n") for t in tokens):
+        raise jetstream_error(400, 10112, "invalid push consumer deliver subject")
+    if max_waiting != 0:
+        raise jetstream_error(400, 10080, "consumer in push mode can not set max waiting")
+    if int(config.get("max_ack_pending") or 0) > 0 and ack_policy == "none":
+        raise jetstream_error(400, 10082, "consumer requires ack policy for max ack pending")
+    if 0 < idle_heartbeat < NANOS // 10:
+        raise jetstream_error(400, 10083, "consumer idle heartbeat needs to be >= 100ms")
 
 
 def refuse_unsupported(
@@ -432,9 +466,11 @@ def refuse_unsupported(
         raise jetstream_error(
             400, 10102, f"consumer name is too long, maximum allowed is {MAX_FIELD_LENGTH}"
         )
-    if deliver_subject:
-        raise unsupported("push consumers over NATS (deliver_subject)", "use a pull consumer")
-    if config.get("deliver_group"):
+    if deliver_subject and _covers(stream, deliver_subject):
+        raise jetstream_error(400, 10081, "consumer deliver subject forms a cycle")
+    if deliver_subject and _nonzero(config, "rate_limit_bps"):
+        raise unsupported("rate_limit_bps", "a push consumer is delivered as fast as it acks")
+    if config.get("deliver_group") and not deliver_subject:
         raise unsupported("deliver_group", "it is a push consumer setting")
     if ack_policy not in SUPPORTED_ACK_POLICIES:
         raise unsupported(
@@ -608,12 +644,16 @@ def spec_of(consumer: Consumer, limits: ProcessLimits) -> ConsumerSpec:
         if options.max_deliver is not None
         else limits.max_retry + 1,
         backoff=tuple(v * NANOS for v in options.backoff),
-        max_waiting=options.max_waiting or limits.max_waiting,
+        max_waiting=0 if options.deliver_subject else options.max_waiting or limits.max_waiting,
         max_ack_pending=consumer.max_ack_pending or (0 if ack_none else -1),
         metadata=tuple(sorted((options.metadata or {}).items())),
         priority=priority if priority.active else PrioritySettings(),
         durable=not options.ephemeral,
         inactive_threshold=options.inactive_threshold or 0,
+        deliver_subject=options.deliver_subject or "",
+        deliver_group=options.deliver_group or "",
+        idle_heartbeat=options.idle_heartbeat or 0,
+        flow_control=options.flow_control,
     )
 
 
@@ -625,10 +665,15 @@ def check_update(current: ConsumerSpec, wanted: ConsumerSpec) -> None:
         raise create_error("ack policy can not be updated")
     if current.replay_policy != wanted.replay_policy:
         raise create_error("replay policy can not be updated")
+    if current.idle_heartbeat != wanted.idle_heartbeat:
+        raise create_error("heart beats can not be updated")
+    if current.flow_control != wanted.flow_control:
+        raise create_error("flow control can not be updated")
     if current.deliver_subject != wanted.deliver_subject:
         if not current.deliver_subject:
             raise create_error("can not update pull consumer to push based")
-        raise create_error("can not update push consumer to pull based")
+        if not wanted.deliver_subject:
+            raise create_error("can not update push consumer to pull based")
     if current.max_waiting != wanted.max_waiting:
         raise create_error("max waiting can not be updated")
 
@@ -650,6 +695,10 @@ def column_values(spec: ConsumerSpec) -> dict[str, Any]:
         "ephemeral": not spec.durable,
         "ack_policy": None if spec.ack_policy == "explicit" else spec.ack_policy,
         "inactive_threshold": spec.inactive_threshold or None,
+        "deliver_subject": spec.deliver_subject or None,
+        "deliver_group": spec.deliver_group or None,
+        "idle_heartbeat": spec.idle_heartbeat or None,
+        "flow_control": spec.flow_control,
     }
 
 

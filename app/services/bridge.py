@@ -22,6 +22,7 @@ from app.services.pinning import PinService
 from app.services.tokens import TokenKeys
 from app.store.bridge import BridgeStore
 from app.store.db import Database
+from app.store.nats_push import nats_push_consumers
 from app.store.stakeholders import ConsumerStore, channels
 
 
@@ -64,6 +65,11 @@ class BridgeService:
             if not _nameable(consumer_id):
                 return Lookup(True, None)
             return Lookup(True, await ConsumerStore(tx).get(channel_id, consumer_id))
+
+    async def push_consumers(self) -> list[Consumer]:
+        """The consumers the bridge delivers to a deliver subject (app/bridge/push.py)."""
+        async with self._db.transaction() as tx:
+            return await nats_push_consumers(tx)
 
     async def account_counts(self) -> tuple[int, int]:
         """Streams and consumers as JetStream counts them: channels, and pull consumers."""

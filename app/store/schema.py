@@ -117,6 +117,11 @@ consumer = Table(
     Column("ack_policy", String(16), nullable=True),
     Column("inactive_threshold", BigInteger(), nullable=True),
     Column("last_active_at", Timestamp(), nullable=True),
+    # Migration 0016: a push consumer over NATS (NULL deliver_subject: pulled).
+    Column("deliver_subject", String(255), nullable=True),
+    Column("deliver_group", String(255), nullable=True),
+    Column("idle_heartbeat", BigInteger(), nullable=True),
+    Column("flow_control", Boolean(), nullable=False, server_default=false()),
     # Migration 0015: claims and pushes stop until then (NULL or past: running).
     Column("paused_until", Timestamp(), nullable=True),
     UniqueConstraint("channel_id", "consumer_id"),

@@ -81,6 +81,10 @@ def consumer_from_row(row: Row[Any]) -> Consumer:
             ephemeral=bool(row.ephemeral),
             ack_policy=row.ack_policy,
             inactive_threshold=row.inactive_threshold,
+            deliver_subject=row.deliver_subject,
+            deliver_group=row.deliver_group,
+            idle_heartbeat=row.idle_heartbeat,
+            flow_control=bool(row.flow_control),
         ),
         paused_until=row.paused_until,
     )

@@ -363,7 +363,12 @@ async def test_a_consumer_made_over_nats_is_a_broker_consumer(
 
 
 REFUSED: dict[str, dict[str, Any]] = {
-    "push": {"durable_name": "p", "ack_policy": "explicit", "deliver_subject": "x.y"},
+    "push_rate_limit": {
+        "durable_name": "p",
+        "ack_policy": "explicit",
+        "deliver_subject": "x.y",
+        "rate_limit_bps": 1000,
+    },
     "ack_all": {"durable_name": "n", "ack_policy": "all"},
     "deliver_last": {"durable_name": "l", "ack_policy": "explicit", "deliver_policy": "last"},
     "sub_second_ack_wait": {"durable_name": "s", "ack_policy": "explicit", "ack_wait": NANOS // 2},
@@ -371,7 +376,7 @@ REFUSED: dict[str, dict[str, Any]] = {
     "headers_only": {"durable_name": "h", "ack_policy": "explicit", "headers_only": True},
 }
 REFUSED_WORDS = {
-    "push": "deliver_subject",
+    "push_rate_limit": "rate_limit_bps",
     "ack_all": "ack_policy all",
     "deliver_last": "deliver_policy last",
     "sub_second_ack_wait": "ack_wait",
