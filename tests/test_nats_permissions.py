@@ -45,7 +45,7 @@ def test_each_worker_gets_its_consumer_subjects_only() -> None:
         "$JS.API.CONSUMER.INFO.orders.billing",
         "$JS.API.CONSUMER.UNPIN.orders.billing",
         "$JS.API.STREAM.INFO.orders",
-        "$WB.ACK._._.orders.billing.>",
+        "$WB.ACK._.*.orders.billing.>",
         "$WB.ACK.orders.billing.>",
     )
     assert billing.subscribe[0] == "_INBOX.orders.billing.>"

@@ -95,11 +95,19 @@ def test_a_json_pull_request_keeps_its_fields(
     st.integers(0, INT64),
     st.integers(0, INT64),
     st.integers(0, INT64),
+    st.integers(1, INT64),
 )
 def test_an_ack_subject_round_trips(
-    stream: str, consumer: str, delivered: int, sseq: int, dseq: int, ts: int, pending: int
+    stream: str,
+    consumer: str,
+    delivered: int,
+    sseq: int,
+    dseq: int,
+    ts: int,
+    pending: int,
+    job_id: int,
 ) -> None:
-    token = AckToken(stream, consumer, delivered, sseq, dseq, ts, pending)
+    token = AckToken(stream, consumer, delivered, sseq, dseq, ts, pending, job_id)
     assert parse_ack_subject("$WB.ACK", ack_subject("$WB.ACK", token)) == token
 
 

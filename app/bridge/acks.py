@@ -127,7 +127,7 @@ class AckProcessor:
             for round_ in _rounds(applicable):
                 items = [
                     AckItem(
-                        a.token.stream_seq,
+                        a.token.job_id,
                         _KINDS[a.command.kind],
                         attempt=a.token.delivered,
                         delay=a.command.delay,
@@ -174,7 +174,7 @@ class AckProcessor:
             suffix = f"{token.stream}.{token.consumer}"
             if ack.command.kind is p.AckKind.NAK:
                 await self._emit(f"MSG_NAKED.{suffix}", p.NAK_ADVISORY, now, common)
-                if token.stream_seq in dead_ids:
+                if token.job_id in dead_ids:
                     fields = {k: v for k, v in common.items() if k != "consumer_seq"}
                     await self._emit(
                         f"MAX_DELIVERIES.{suffix}", p.MAX_DELIVER_ADVISORY, now, fields
@@ -214,11 +214,11 @@ def _rounds(acks: list[InboundAck]) -> list[list[InboundAck]]:
     current: list[InboundAck] = []
     seen: set[int] = set()
     for ack in acks:
-        if ack.token.stream_seq in seen or len(current) >= MAX_ACKS_PER_ROUND:
+        if ack.token.job_id in seen or len(current) >= MAX_ACKS_PER_ROUND:
             rounds.append(current)
             current, seen = [], set()
         current.append(ack)
-        seen.add(ack.token.stream_seq)
+        seen.add(ack.token.job_id)
     if current:
         rounds.append(current)
     return rounds

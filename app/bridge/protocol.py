@@ -469,7 +469,17 @@ DEFAULT_ACK_PREFIX = "$JS.ACK"
 
 
 class AckToken(NamedTuple):
-    """The fields of `<prefix>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts ns>.<pending>`."""
+    """A delivery's ack subject: `<prefix>._.<job id>.<stream>.<consumer>.<delivered>.<sseq>.
+    <dseq>.<ts ns>.<pending>`, the form with domain and account-hash tokens (ADR-15) that
+    nats-py, @nats-io/jetstream and nats-jetstream all read: no domain (`_`), and the job id
+    where nats-server would put an account's hash, which the clients do not use (nats.js
+    shows it as `info.account_hash`).
+
+    The stream sequence is the message's position in its channel (its pk); the job travels
+    apart, so an ack finds its job by primary key as before, with no index on (consumer,
+    message) to keep up on every publish and no look-up before the ack statement. The older
+    form without the two tokens (its stream sequence was the job id) is still read, for
+    deliveries made before an upgrade."""
 
     stream: str
     consumer: str
@@ -478,12 +488,17 @@ class AckToken(NamedTuple):
     consumer_seq: int
     timestamp: int
     pending: int
+    job_id: int
+
+
+# No JetStream domain.
+NO_DOMAIN = "_"
 
 
 def ack_subject(prefix: str, token: AckToken) -> str:
     return (
-        f"{prefix}.{token.stream}.{token.consumer}.{token.delivered}.{token.stream_seq}."
-        f"{token.consumer_seq}.{token.timestamp}.{token.pending}"
+        f"{prefix}.{NO_DOMAIN}.{token.job_id}.{token.stream}.{token.consumer}.{token.delivered}."
+        f"{token.stream_seq}.{token.consumer_seq}.{token.timestamp}.{token.pending}"
     )
 
 
@@ -503,28 +518,39 @@ NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
 
 
 def ack_subject_shaped(prefix: str, subject: str) -> bool:
-    """Has the subject the token count of a v1 ack subject under `prefix`? Only those reach a
-    consumer's ack subscription on nats-server; others meet nobody."""
-    return subject.startswith(prefix + ".") and subject[len(prefix) + 1 :].count(".") == 6
+    """Has the subject the token count of an ack subject under `prefix` (either form)? Only
+    those reach a consumer's ack subscription on nats-server; others meet nobody."""
+    return subject.startswith(prefix + ".") and subject[len(prefix) + 1 :].count(".") in (6, 8)
 
 
 def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
-    """The token of a v1 ack subject under `prefix`; None for anything else."""
+    """The token of an ack subject under `prefix` (see AckToken); None for anything else."""
     if not subject.startswith(prefix + "."):
         return None
     parts = subject[len(prefix) + 1 :].split(".")
-    if len(parts) != 7 or not parts[0] or not parts[1]:
+    if len(parts) == 9 and parts[0] == NO_DOMAIN:
+        names, texts = parts[2:4], [*parts[4:], parts[1]]
+    elif len(parts) == 7:
+        # The older form: its stream sequence is the job id.
+        names, texts = parts[:2], [*parts[2:], parts[3]]
+    else:
+        return None
+    if not names[0] or not names[1]:
         return None
     try:
-        numbers = [int(part) for part in parts[2:]]
+        numbers = [int(part) for part in texts]
     except ValueError:
         return None
     if min(numbers) < 0 or numbers[0] < 1 or numbers[1] < 1 or max(numbers) > _MAX_INT64:
         return None
-    if numbers[0] > _MAX_INT32 or not _possible_name(parts[0]) or not _possible_name(parts[1]):
-        return None  # no delivery has this attempt or these names (see _possible_name)
-    delivered, stream_seq, consumer_seq, timestamp, pending = numbers
-    return AckToken(parts[0], parts[1], delivered, stream_seq, consumer_seq, timestamp, pending)
+    if numbers[-1] < 1 or numbers[0] > _MAX_INT32:
+        return None  # no delivery has this attempt or job
+    if not _possible_name(names[0]) or not _possible_name(names[1]):
+        return None  # no delivery has these names (see _possible_name)
+    delivered, stream_seq, consumer_seq, timestamp, pending, job_id = numbers
+    return AckToken(
+        names[0], names[1], delivered, stream_seq, consumer_seq, timestamp, pending, job_id
+    )
 
 
 # -- ack payloads -------------------------------------------------------------------------------

@@ -172,6 +172,8 @@ class PulledJob(NamedTuple):
     content_type: str
     headers: dict[str, str]
     consumer_pk: int = 0  # the push dispatcher claims for many consumers at once
+    # The message's position in its channel: the NATS bridge's stream sequence.
+    message_pk: int = 0
 
     @classmethod
     def of(cls, claimed: ClaimedJob) -> PulledJob:
@@ -187,6 +189,7 @@ class PulledJob(NamedTuple):
             message.content_type,
             message.headers,
             job.consumer_pk,
+            message.pk,
         )
 
 

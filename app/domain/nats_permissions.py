@@ -35,8 +35,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 JS_ACK_PREFIX = "$JS.ACK"
-# The domain and account-hash tokens of the bridge's ack subjects: none, as JetStream writes it.
-ACK_UNSET_TOKENS = "_._"
+# The domain and account-hash tokens of the bridge's ack subjects: no domain, and the job id
+# where an account's hash would be (app/bridge/protocol.AckToken).
+ACK_UNSET_TOKENS = "_.*"
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER"
 INBOX_ROOT = "_INBOX"
 BRIDGE_PASSWORD_VARIABLE = "NATS_BRIDGE_PASSWORD"
@@ -183,7 +184,7 @@ def worker_permissions(
             f"{api}.CONSUMER.INFO.{channel_id}.{consumer_id}",
             f"{api}.CONSUMER.UNPIN.{channel_id}.{consumer_id}",
             f"{api}.STREAM.INFO.{channel_id}",
-            # Acks of the subjects the bridge writes (`<prefix>._._.<channel>.<consumer>...`,
+            # Acks of the subjects the bridge writes (`<prefix>._.<job>.<channel>.<consumer>...`,
             # app/bridge/protocol.ack_subject), and of the older form without the two tokens
             # for deliveries made before an upgrade.
             f"{subjects.ack_prefix}.{ACK_UNSET_TOKENS}.{channel_id}.{consumer_id}.>",

@@ -93,7 +93,7 @@ class ClaimBatch:
             deliveries,
             due,
             numbers[-1] if numbers else 0,
-            max((job.id for job in claimed), default=0),
+            max((job.message_pk for job in claimed), default=0),
         )
 
 

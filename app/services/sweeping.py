@@ -74,7 +74,9 @@ class SweepService:
             consumer = named[job.consumer_pk]
             if consumer is not None:
                 await self._advisories.emit(
-                    advisories.max_deliveries(consumer.channel_id, consumer.id, job.id, job.attempt)
+                    advisories.max_deliveries(
+                        consumer.channel_id, consumer.id, job.message_pk, job.attempt
+                    )
                 )
 
     async def expire_pins(self) -> list[tuple[int, str]]:

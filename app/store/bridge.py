@@ -77,7 +77,8 @@ class BridgeStore:
         await self._tx.conn.execute(stmt)
 
     async def last_sequences(self, consumer_pk: int) -> tuple[int, int]:
-        """The last delivery sequence and the last job id handed out (0, 0 before any)."""
+        """The last delivery sequence and the last stream sequence (message pk) handed out (0, 0
+        before any)."""
         row = (
             await self._tx.conn.execute(
                 select(
@@ -104,7 +105,7 @@ class BridgeStore:
                 select(
                     func.count().filter(job.c.attempt >= 2),
                     func.count().filter(delivered),
-                    func.min(job.c.id).filter(delivered),
+                    func.min(job.c.message_pk).filter(delivered),
                 ).where(job.c.consumer_pk == consumer_pk, open_)
             )
         ).one()
@@ -169,12 +170,9 @@ class BridgeStore:
             .scalar_subquery(),
             select(func.min(message.c.received_at)).where(in_channel).scalar_subquery(),
             select(func.max(message.c.received_at)).where(in_channel).scalar_subquery(),
-            select(func.coalesce(func.min(job.c.id), 0))
-            .where(job.c.consumer_pk.in_(pulls))
-            .scalar_subquery(),
-            select(func.coalesce(func.max(job.c.id), 0))
-            .where(job.c.consumer_pk.in_(pulls))
-            .scalar_subquery(),
+            # Stream sequences are message pks (ix_message_channel_id_pk's two ends).
+            select(func.coalesce(func.min(message.c.pk), 0)).where(in_channel).scalar_subquery(),
+            select(func.coalesce(func.max(message.c.pk), 0)).where(in_channel).scalar_subquery(),
             select(func.count()).select_from(pulls.subquery()).scalar_subquery(),
         )
         row = (await self._tx.conn.execute(query)).one()

@@ -202,7 +202,7 @@ PULLED_WIDTH = len(PULLED_COLUMNS)
 NUMBERED = """, counter AS (
     INSERT INTO bridge_consumer (consumer_pk, last_delivery_seq, last_stream_seq,
                                  last_delivered_at)
-    SELECT (SELECT pk FROM named), n, (SELECT max(id) FROM claimed), now()
+    SELECT (SELECT pk FROM named), n, (SELECT max(message_pk) FROM claimed), now()
     FROM counted WHERE n > 0
     ON CONFLICT (consumer_pk) DO UPDATE SET
         last_delivery_seq = bridge_consumer.last_delivery_seq + excluded.last_delivery_seq,
@@ -233,7 +233,10 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     limit = int(limit)
     push = key == "push"
     pulled_columns = ", ".join(PULLED_COLUMNS)
-    returned = ", ".join(f"job.{name}" for name in [*CLAIMED_COLUMNS, "message_pk"])
+    # PulledJob carries message_pk (the bridge's stream sequence): named once.
+    returned = ", ".join(
+        f"job.{name}" for name in dict.fromkeys([*CLAIMED_COLUMNS, "message_pk"])
+    )
     # The headers as their text: psycopg's json loader decoded each row's bytes even for the
     # '{}' most messages carry (a sixth of the dispatcher's claim, in its Python thread).
     message_columns = ", ".join(
@@ -647,15 +650,18 @@ async def _sqlite_claim(
         bridge = BridgeStore(tx)
         last_seq, _ = await bridge.last_sequences(pks[0])
         seqs = list(range(last_seq + 1, last_seq + len(pulled) + 1))
-        await bridge.record_delivery(pks[0], seqs[-1], max(j.id for j in pulled))
+        await bridge.record_delivery(pks[0], seqs[-1], max(j.message_pk for j in pulled))
     return Claimed(pulled, pending, seqs)
 
 
-async def _sqlite_ack(tx: Tx, named: Named, targets: Sequence[tuple[int, int | None]]) -> set[int]:
+async def _sqlite_ack(
+    tx: Tx, named: Named, targets: Sequence[tuple[int, int | None]], note: str
+) -> set[int]:
     row = await _sqlite_named(tx, named, capped=True)
     if row is None:
         return set()
-    moved = {j.id for j in await JobStore(tx).complete(row.pk, targets, JobStatus.DELIVERED)}
+    store = JobStore(tx)
+    moved = {j.id for j in await store.complete(row.pk, targets, JobStatus.DELIVERED, note=note)}
     if moved and row.max_ack_pending is not None:
         tx.announce([row.pk])
     return moved

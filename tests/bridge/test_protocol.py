@@ -169,12 +169,13 @@ def test_message_header_block_drops_invalid_names_and_newlines() -> None:
 
 
 def test_ack_subject_round_trip() -> None:
-    token = p.AckToken("JOBS", "worker", 2, 5, 6, 1795257496892922056, 0)
+    token = p.AckToken("JOBS", "worker", 2, 5, 6, 1795257496892922056, 0, 77)
     subject = p.ack_subject("$JS.ACK", token)
-    assert subject == "$JS.ACK.JOBS.worker.2.5.6.1795257496892922056.0"
+    assert subject == "$JS.ACK._.77.JOBS.worker.2.5.6.1795257496892922056.0"
     assert p.parse_ack_subject("$JS.ACK", subject) == token
+    # The older form (deliveries made before an upgrade): its stream sequence is the job id.
     assert p.parse_ack_subject("$WB.ACK", "$WB.ACK.c.k.1.2.3.4.5") == p.AckToken(
-        "c", "k", 1, 2, 3, 4, 5
+        "c", "k", 1, 2, 3, 4, 5, 2
     )
 
 
@@ -182,7 +183,9 @@ def test_ack_subject_round_trip() -> None:
     "subject",
     [
         "$JS.ACK.JOBS.worker.1.1.1.1",  # too few tokens
-        "$JS.ACK.hub.acct.JOBS.worker.1.1.1.1.0",  # v2 shape is not ours
+        "$JS.ACK.hub.acct.JOBS.worker.1.1.1.1.0",  # a domain: not ours
+        "$JS.ACK._.acct.JOBS.worker.1.1.1.1.0",  # an account hash: not ours
+        "$JS.ACK._.0.JOBS.worker.1.1.1.1.0",  # job ids start at 1
         "$JS.ACK.JOBS.worker.x.1.1.1.0",
         "$JS.ACK.JOBS.worker.0.1.1.1.0",  # attempts start at 1
         "$JS.ACK.JOBS.worker.1.0.1.1.0",  # job ids start at 1
