@@ -234,9 +234,7 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     push = key == "push"
     pulled_columns = ", ".join(PULLED_COLUMNS)
     # PulledJob carries message_pk (the bridge's stream sequence): named once.
-    returned = ", ".join(
-        f"job.{name}" for name in dict.fromkeys([*CLAIMED_COLUMNS, "message_pk"])
-    )
+    returned = ", ".join(f"job.{name}" for name in dict.fromkeys([*CLAIMED_COLUMNS, "message_pk"]))
     # The headers as their text: psycopg's json loader decoded each row's bytes even for the
     # '{}' most messages carry (a sixth of the dispatcher's claim, in its Python thread).
     message_columns = ", ".join(
