@@ -73,24 +73,31 @@ class RequestIds:
             await self._app(scope, receive, sending)
         finally:
             seconds = time.perf_counter() - started
-            log.info(
-                "%s %s %s %d %.1fms",
-                rid,
-                scope["method"],
-                scope["path"],
-                status,
-                seconds * 1000,
-                extra={
-                    "request_id": rid,
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "status": status,
-                    "duration_ms": round(seconds * 1000, 1),
-                    **_ids(scope),
-                },
-            )
+            # Checked first: below INFO (the bench's, a busy deployment's) the line's fields
+            # would be built for nothing on every request.
+            if log.isEnabledFor(logging.INFO):
+                _access_line(scope, rid, status, seconds)
             metrics = _metrics(scope)
             if metrics is not None:
                 # The route's template, never the path itself: ids would make a series each.
                 route = getattr(scope.get("route"), "path", None) or "unmatched"
                 metrics.observe_request(scope["method"], route, status, seconds)
+
+
+def _access_line(scope: Scope, rid: str, status: int, seconds: float) -> None:
+    log.info(
+        "%s %s %s %d %.1fms",
+        rid,
+        scope["method"],
+        scope["path"],
+        status,
+        seconds * 1000,
+        extra={
+            "request_id": rid,
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "duration_ms": round(seconds * 1000, 1),
+            **_ids(scope),
+        },
+    )

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from app.api import schemas, views
 from app.api.body import request_body
-from app.api.deps import ChannelReaderDep, CursorDep, RuntimeDep
+from app.api.deps import BoundRoute, ChannelReaderDep, CursorDep, RuntimeDep
 from app.api.limits import already_buffered
 from app.api.openapi import CHANNEL, CURSOR, DATABASE, PRODUCER, answer, errors, header
 from app.api.reads import READ_FROM, ReadNoteDep
@@ -18,7 +18,7 @@ from app.api.responses import JSONResponse
 from app.domain.errors import InvalidInput, NotFound
 from app.services.publishing import Broadcast
 
-router = APIRouter(tags=["messages"])
+router = APIRouter(tags=["messages"], route_class=BoundRoute)
 
 
 @router.post(

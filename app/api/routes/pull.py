@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, Response
 
 from app.api import schemas, views
 from app.api.body import body_after_credentials, request_body
-from app.api.deps import CredentialsDep, RuntimeDep
+from app.api.deps import BoundRoute, CredentialsDep, RuntimeDep
 from app.api.openapi import (
     CONSUMER,
     DATABASE,
@@ -25,7 +25,7 @@ from app.domain.jobs import AckType
 from app.domain.priority import PullPriority
 from app.domain.pulls import AckItem, AckResult, PullRequest
 
-router = APIRouter(tags=["pull"])
+router = APIRouter(tags=["pull"], route_class=BoundRoute)
 
 
 def to_pull_request(body: schemas.PullBody, max_expires: float) -> PullRequest:
