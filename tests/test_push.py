@@ -224,3 +224,53 @@ async def test_stopping_records_the_answers_of_deliveries_in_flight(
     async with broker(config) as http:
         statuses = [(await job_of(http, message_id))["Status"] for message_id in ids]
     assert statuses == ["DELIVERED"] * len(ids)
+
+
+async def _attempts_of(config: Config, job_id: object) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from app.store.db import Database
+    from app.store.schema import job
+
+    db = Database.from_config(config.database)
+    try:
+        async with db.transaction() as tx:
+            query = select(job.c.attempts).where(job.c.id == int(str(job_id)))
+            found: list[dict[str, Any]] = (await tx.conn.execute(query)).scalar_one() or []
+    finally:
+        await db.dispose()
+    return found
+
+
+async def test_each_push_outcome_is_in_the_jobs_attempt_history(
+    push_client: httpx.AsyncClient, receiver: Receiver, config: Config
+) -> None:
+    receiver.respond = lambda _path, n: (500, 0.0) if n <= 2 else (201, 0.0)
+    await setup_push(push_client, receiver.url + "/history")
+    await publish(push_client, b"payload", "m-history")
+    job = await wait_for_status(push_client, "m-history", "DELIVERED")
+    entries = await _attempts_of(config, job["ID"])
+    assert [(e["outcome"], e.get("code")) for e in entries] == [
+        ("failed", 500),
+        ("failed", 500),
+        ("delivered", 201),
+    ]
+    assert entries[0]["error"].startswith("HTTP 500")
+    assert all(e["ms"] >= 0 for e in entries)
+
+
+async def test_a_paused_push_consumer_is_not_pushed_until_resumed(
+    push_client: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    await setup_push(push_client, receiver.url + "/paused")
+    r = await push_client.put("/channel/c1/consumer/k1/pause")
+    assert r.status_code == 200 and r.json()["Paused"] is True, r.text
+    await publish(push_client, b"payload", "m-paused")
+    await a_dispatcher_round(push_client)  # a running consumer's job would be claimed in it
+    await a_dispatcher_round(push_client)
+    assert receiver.count("/paused") == 0
+    assert (await job_of(push_client, "m-paused"))["Status"] == "QUEUED"
+    r = await push_client.delete("/channel/c1/consumer/k1/pause")
+    assert r.status_code == 200 and r.json()["Paused"] is False, r.text
+    await wait_for_status(push_client, "m-paused", "DELIVERED")
+    assert receiver.count("/paused") == 1

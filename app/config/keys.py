@@ -880,6 +880,13 @@ SECTIONS: tuple[Section, ...] = (
                 "loopback listener or with an admin-token or reader-token set (sign-in takes "
                 "one of them); false turns it off.",
             ),
+            Key(
+                "attempts-kept",
+                "10",
+                _positive_int,
+                "Attempts of each job kept in its history (time, outcome, HTTP status, "
+                "duration, error), shown on the console's job page; the oldest go first.",
+            ),
         ),
         help="The operator console (docs/console.md).",
     ),

@@ -176,6 +176,7 @@ class PipelineConfig:
 @dataclass(frozen=True, slots=True)
 class UiConfig:
     enabled: bool = default("ui", "enabled")
+    attempts_kept: int = default("ui", "attempts-kept")
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,6 +199,7 @@ class Dispatcher:
         # 2xx answers not yet recorded: one task records all that arrived meanwhile, in one
         # statement per consumer (a transaction per job cost more CPU than the POST).
         self._answered: list[PushJob] = []
+        self._codes: list[int] = []  # each answered job's HTTP status, for its history
         self._answered_more = asyncio.Event()
         self._closing = False
 
@@ -397,11 +398,12 @@ class Dispatcher:
             if len(self._answered) < ACK_BATCH and not self._closing:
                 await asyncio.sleep(ACK_LINGER)
             answered, self._answered = self._answered, []
+            codes, self._codes = self._codes, []
             if not answered:
                 continue
             try:
                 resets = {job.consumer.pk for job in answered} & self._dirty
-                closed = await self._push.delivered(answered, resets)
+                closed = await self._push.delivered(answered, resets, codes)
                 self._dirty -= resets
             except Exception:
                 # Their leases are still in the database: the sweeper requeues them.
@@ -427,6 +429,7 @@ class Dispatcher:
             # Recorded with the others that arrive meanwhile (_record_answered).
             lane.succeeded()
             self._answered.append(job)
+            self._codes.append(answer.status or 200)
             self._answered_more.set()
             return
         try:
@@ -443,7 +446,7 @@ class Dispatcher:
             lane.pushed_back()
         if outcome.kind == "deferred":
             note = f"HTTP {status}, Retry-After {outcome.delay:g} s"
-            await self._push.deferred(job, outcome.delay, note)
+            await self._push.deferred(job, outcome.delay, note, status)
             return
         if outcome.kind == "gone":
             if await self._push.gone(job, "HTTP 410 Gone from the callback"):
@@ -453,7 +456,7 @@ class Dispatcher:
             return
         error = answer.error or f"HTTP {status}"
         self._dirty.add(job.consumer.pk)
-        moved, state = await self._push.failed(job, error)
+        moved, state = await self._push.failed(job, error, status)
         log.info("push of job %s failed (%s); now %s", job.job.id, error, moved)
         if (
             state.breaker is Breaker.OPEN

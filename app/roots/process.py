@@ -20,6 +20,7 @@ from app.services.reads import Reads
 from app.services.seeding import apply_seed
 from app.services.signals import Signals
 from app.services.tokens import TokenKeys
+from app.store import attempts
 from app.store.db import Database
 from app.store.listener import NotifyListener
 from app.store.replica import replica_database
@@ -55,6 +56,8 @@ class Process:
         self.listen = listen
         self.nats_advisories = nats_advisories
         self.signals = Signals()
+        # Every process that ends attempts writes their history to this length.
+        attempts.keep(config.ui.attempts_kept)
         self.db = Database.from_config(config.database, waker=self.signals)
         self.metrics = Metrics()
         # Channel and producer tokens are stored hashed: the key is read at start.

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import Consumer, ConsumerType, PulledJob, PushState
+from app.store import attempts
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.push_state import PushStateStore
@@ -83,24 +84,35 @@ class PushService:
         async with self._db.transaction() as tx:
             return await JobStore(tx).next_due([c.pk for c in consumers])
 
-    async def delivered(self, jobs: Sequence[PushJob], resets: Collection[int]) -> list[int]:
+    async def delivered(
+        self,
+        jobs: Sequence[PushJob],
+        resets: Collection[int],
+        codes: Sequence[int] | None = None,
+    ) -> list[int]:
         """Record 2xx answers, one fenced statement per consumer (each alone: no transaction
         round trips on the dispatcher's hottest path); a job whose lease was lost meanwhile
         (swept, now another delivery's) is left alone. The consumers in `resets` had failures
         counted: their count goes back to zero and their breaker closes. Returns those whose
-        state this changed."""
+        state this changed. `codes`: each job's HTTP status (200 when not given), for its
+        attempt history: one statement per consumer and status, nearly always one a consumer."""
         # By primary key: hashing the consumer itself hashes every one of its fields, per job.
-        targets: defaultdict[int, list[tuple[int, int | None]]] = defaultdict(list)
-        for job in jobs:
-            targets[job.consumer.pk].append((job.job.id, job.job.attempt))
-        for consumer_pk, pairs in targets.items():
-            await self._queue.ack(Named(consumer_pk, type=ConsumerType.PUSH), pairs)
+        targets: defaultdict[tuple[int, int], list[tuple[int, int | None]]] = defaultdict(list)
+        for index, job in enumerate(jobs):
+            code = codes[index] if codes is not None else 200
+            targets[job.consumer.pk, code].append((job.job.id, job.job.attempt))
+        for (consumer_pk, code), pairs in targets.items():
+            await self._queue.ack(
+                Named(consumer_pk, type=ConsumerType.PUSH), pairs, note=_delivered_note(code)
+            )
         if not resets:
             return []
         async with self._db.transaction() as tx:
             return await PushStateStore(tx).succeeded(list(resets))
 
-    async def failed(self, job: PushJob, error: str) -> tuple[JobStatus | None, PushState]:
+    async def failed(
+        self, job: PushJob, error: str, code: int | None = None
+    ) -> tuple[JobStatus | None, PushState]:
         """A failed attempt: requeued with backoff, or dead once retries are used up; one more
         failure towards the consumer's breaker (its state after it is returned)."""
         async with self._db.transaction() as tx:
@@ -110,6 +122,7 @@ class PushService:
                 self._policy,
                 reason=f"delivery failed after the last retry: {error}",
                 last_error=error,
+                note=attempts.note("failed", code=code, error=error),
             )
             state = await PushStateStore(tx).failed(
                 job.consumer.pk, self._breaker.failures, self._breaker.cooldown_seconds
@@ -118,24 +131,34 @@ class PushService:
                 tx.announce([job.consumer.pk])
         return (moved[0].status if moved else None), state
 
-    async def deferred(self, job: PushJob, seconds: float, note: str) -> bool:
+    async def deferred(
+        self, job: PushJob, seconds: float, note: str, code: int | None = None
+    ) -> bool:
         """The receiver asked for time (429/503 Retry-After): back to QUEUED, due then, no
         retry counted."""
         async with self._db.transaction() as tx:
-            return await self._hand_back(tx, job, note, seconds)
+            return await self._hand_back(tx, job, note, seconds, code, "deferred")
 
     async def gone(self, job: PushJob, note: str) -> bool:
         """410 Gone: push off for the consumer (its jobs stay QUEUED), this job handed back
         uncounted. True when this answer disabled it."""
         async with self._db.transaction() as tx:
-            await self._hand_back(tx, job, note, None)
+            await self._hand_back(tx, job, note, None, 410, "gone")
             disabled = await PushStateStore(tx).disable(job.consumer.pk, note)
             if disabled:
                 # Other dispatchers stop claiming for it before their next claim.
                 tx.announce_change([job.consumer.pk])
             return disabled
 
-    async def _hand_back(self, tx: Tx, job: PushJob, note: str, delay: float | None) -> bool:
+    async def _hand_back(
+        self,
+        tx: Tx,
+        job: PushJob,
+        note: str,
+        delay: float | None,
+        code: int | None = None,
+        outcome: str = "handed back",
+    ) -> bool:
         """INFLIGHT -> QUEUED, due after `delay` (or at once), its retries untouched."""
         moved = await JobStore(tx).fail(
             job.consumer.pk,
@@ -145,5 +168,16 @@ class PushService:
             reason=note,
             last_error=note,
             counted=False,
+            note=attempts.note(outcome, code=code, error=note),
         )
         return bool(moved)
+
+
+_DELIVERED = {200: attempts.note("delivered", code=200)}
+
+
+def _delivered_note(code: int) -> str:
+    found = _DELIVERED.get(code)
+    if found is None:
+        found = _DELIVERED[code] = attempts.note("delivered", code=code)
+    return found

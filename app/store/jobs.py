@@ -35,6 +35,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from app.domain.errors import InvalidInput
 from app.domain.jobs import JobStatus, RetryPolicy
 from app.domain.models import ClaimedJob, Cursor, Job, Message, Page
+from app.store import attempts
 from app.store.db import Tx, now, plus_seconds
 from app.store.ledger import LedgerStore
 from app.store.messages import message_from_row
@@ -45,6 +46,11 @@ from app.store.schema import consumer, job, message
 # Pull responses and ack subjects count due jobs left up to this many: an exact count of a
 # deep backlog on every claim would cost more than the claim itself.
 PENDING_COUNT_CAP = 1000
+
+# A transition's answer: the job without its attempt history (the console alone reads it).
+RETURNED = tuple(c for c in job.c if c.name != "attempts")
+NAKED = attempts.note("nak")
+EXPIRED = attempts.note("expired", error="the lease expired before an ack")
 
 QUEUED = JobStatus.QUEUED.value
 INFLIGHT = JobStatus.INFLIGHT.value
@@ -190,7 +196,7 @@ class JobStore:
                 claimed_at=self._now,
                 status_changed_at=self._now,
             )
-            .returning(*job.c)
+            .returning(*RETURNED)
         )
         jobs = [job_from_row(row) for row in await self._tx.conn.execute(claim_jobs)]
         jobs.sort(key=lambda j: (-j.priority, j.id))
@@ -343,7 +349,7 @@ class JobStore:
         self, where: Sequence[ColumnElement[bool]], values: dict[str, Any]
     ) -> list[Job]:
         values.setdefault("status_changed_at", self._now)
-        query = update(job).where(*where).values(**values).returning(*job.c)
+        query = update(job).where(*where).values(**values).returning(*RETURNED)
         return [job_from_row(row) for row in await self._tx.conn.execute(query)]
 
     async def start(
@@ -393,9 +399,19 @@ class JobStore:
         targets: Sequence[tuple[int, int | None]],
         status: JobStatus,
         reason: str | None = None,
+        *,
+        note: str | None = None,
     ) -> list[Job]:
-        """INFLIGHT -> DELIVERED or DEAD for (job id, attempt or None) pairs of one consumer."""
-        values: dict[str, Any] = {"status": status.value, "lease_expires_at": None}
+        """INFLIGHT -> DELIVERED or DEAD for (job id, attempt or None) pairs of one consumer;
+        `note` (attempts.note) says how the attempt ended (default: an ack, or a term)."""
+        if note is None:
+            done = status is JobStatus.DELIVERED
+            note = attempts.ACKED if done else attempts.note("term", error=reason)
+        values: dict[str, Any] = {
+            "status": status.value,
+            "lease_expires_at": None,
+            "attempts": attempts.appended(self._tx.dialect, note),
+        }
         if status is JobStatus.DEAD:
             values["dead_reason"] = reason
         return await self._transition(self._inflight(consumer_pk, targets), values)
@@ -410,6 +426,7 @@ class JobStore:
         reason: str,
         last_error: str | None = None,
         counted: bool = True,
+        note: str | None = None,
     ) -> list[Job]:
         """INFLIGHT -> QUEUED, retry + 1, due after `delay` or the backoff; DEAD when exhausted.
         Not `counted` (a job handed back unprocessed): QUEUED, due after `delay` or at once,
@@ -424,6 +441,8 @@ class JobStore:
             }
         if last_error is not None:
             values["last_error"] = last_error
+        # A nak unless the caller says otherwise (a push's failure, a hand-back).
+        values["attempts"] = attempts.appended(self._tx.dialect, note or NAKED)
         return await self._transition(self._inflight(consumer_pk, targets), values)
 
     def _failure_values(
@@ -551,6 +570,7 @@ class JobStore:
         )
         values = self._failure_values(policy, 0, "lease expired with no retries left")
         values["timeout_count"] = job.c.timeout_count + 1
+        values["attempts"] = attempts.appended(self._tx.dialect, EXPIRED)
         return await self._transition(
             [job.c.id.in_(expired.scalar_subquery()), status_is(INFLIGHT)], values
         )

@@ -37,6 +37,7 @@ from app.domain.counters import COUNTER_SHARDS
 from app.domain.errors import Conflict
 from app.domain.jobs import JobStatus
 from app.domain.models import ConsumerType, Message, Observe, PulledJob, ignore
+from app.store import attempts
 from app.store.bridge import BridgeStore
 from app.store.db import MAX_NOTIFY_PAYLOAD, NOTIFY_CHANNEL, Database, Held, Tx
 from app.store.jobs import DELIVERED, INFLIGHT, PENDING_COUNT_CAP, QUEUED, JobStore
@@ -306,7 +307,8 @@ ORDER BY claimed.priority DESC, claimed.id
 """
 
 
-def _ack_sql(key: str, one: bool) -> str:
+@functools.lru_cache(maxsize=64)
+def ack_sql(key: str, one: bool, kept: int, note: str = attempts.ACKED) -> str:
     # INFLIGHT -> DELIVERED for (id, attempt or None) pairs. A job not in the answer was not
     # acked: credentials, job, status or attempt were off.
     given = (
@@ -319,7 +321,9 @@ def _ack_sql(key: str, one: bool) -> str:
     return f"""
 WITH named AS ({NAMED[key]}
 ), acked AS (
-    UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now()
+    UPDATE job SET status = '{DELIVERED}', lease_expires_at = NULL, status_changed_at = now(),
+        -- The attempt's end in its history (app/store/attempts.py), kept() entries at most.
+        attempts = {attempts.append_sql(note, kept)}
     FROM {given} AS given(id, attempt)
     WHERE job.id = given.id AND job.consumer_pk = (SELECT pk FROM named)
       AND (job.status || '') = '{INFLIGHT}'  -- no status index: the primary key finds them
@@ -338,8 +342,13 @@ SELECT id, (SELECT count(*) FROM told) AS told FROM acked
 # assumes ten elements, a custom plan for one is always cheaper, and so every single ack was
 # planned anew (0.2 ms, three times the cost of running it). Batches keep the generic plan
 # whatever their size: the primary key finds each job, so 1,000 acks run as fast with it as
-# with a plan made for them.
-ACK = {(key, one): _ack_sql(key, one) for key in ("credentials", "pk") for one in (False, True)}
+# with a plan made for them. (ACK: the texts as the default configuration writes them, for the
+# bench's scripts.)
+ACK = {
+    (key, one): ack_sql(key, one, attempts.DEFAULT_KEPT)
+    for key in ("credentials", "pk")
+    for one in (False, True)
+}
 
 
 def int_array(values: Sequence[int | None]) -> str:
@@ -536,24 +545,31 @@ class Queue:
 
     @_measured("ack", len)
     async def ack(
-        self, named: Named, targets: Sequence[tuple[int, int | None]], tx: Tx | None = None
+        self,
+        named: Named,
+        targets: Sequence[tuple[int, int | None]],
+        tx: Tx | None = None,
+        *,
+        note: str = attempts.ACKED,
     ) -> set[int]:
-        """INFLIGHT -> DELIVERED for (job id, attempt or None) pairs; the ids that moved."""
+        """INFLIGHT -> DELIVERED for (job id, attempt or None) pairs; the ids that moved. `note`
+        says how the attempt ended, for its history: attempts.ACKED or a push's status, never
+        free text (PostgreSQL's statement carries it in its text)."""
         if not targets:
             return set()
         if not self._postgres:
             if tx is not None:
-                return await _sqlite_ack(tx, named, targets)
+                return await _sqlite_ack(tx, named, targets, note)
             async with self._db.transaction() as own:
-                return await _sqlite_ack(own, named, targets)
+                return await _sqlite_ack(own, named, targets, note)
         if len(targets) == 1:
             ((job_id, attempt),) = targets
             params = named.params() | {"id": job_id, "attempt": attempt}
-            rows = await self._run(ACK[named.key, True], params, tx)
+            rows = await self._run(ack_sql(named.key, True, attempts.kept(), note), params, tx)
         else:
-            ids, attempts = zip(*targets, strict=True)
-            params = named.params() | {"ids": int_array(ids), "attempts": int_array(attempts)}
-            rows = await self._run(ACK[named.key, False], params, tx)
+            ids, tries = zip(*targets, strict=True)
+            params = named.params() | {"ids": int_array(ids), "attempts": int_array(tries)}
+            rows = await self._run(ack_sql(named.key, False, attempts.kept(), note), params, tx)
         return {row[0] for row in rows}
 
 
