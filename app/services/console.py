@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from app.domain.attempts import Attempt, attempts_of
 from app.domain.console import (
     BULK_LIMIT,
     PAGE_SIZE,
@@ -21,11 +22,13 @@ from app.domain.console import (
 from app.domain.errors import Forbidden, InvalidInput, NotFound
 from app.domain.jobs import JobStatus
 from app.domain.models import ClaimedJob, Consumer, ConsumerType, LedgerEntry
+from app.services.pausing import FOREVER
 from app.services.reads import Reads
 from app.store.console import ConsoleStore
 from app.store.db import Database, Tx
 from app.store.jobs import JobStore
 from app.store.ledger import LedgerStore
+from app.store.pauses import PauseStore
 from app.store.push_state import PushStateStore
 from app.store.stakeholders import ConsumerStore
 
@@ -104,6 +107,32 @@ class ConsoleService:
             return claimed
 
         return await self._reads.read(read)
+
+    async def attempts(self, claimed: ClaimedJob) -> list[Attempt]:
+        """The job's attempt history, newest first (read apart from the job: nothing else
+        reads the column)."""
+
+        async def read(tx: Tx) -> object:
+            return await ConsoleStore(tx).attempts(claimed.job.id)
+
+        return attempts_of(await self._reads.read(read), claimed.job.attempt)
+
+    async def set_pause(
+        self, actor: Actor, channel_id: str, consumer_id: str, paused: bool
+    ) -> Consumer:
+        """Pause (until resumed) or resume the consumer, audited in the same transaction."""
+        _admin(actor)
+        async with self._db.transaction() as tx:
+            found = await _consumer(tx, channel_id, consumer_id)
+            changed = await PauseStore(tx).set(found.pk, FOREVER if paused else None)
+            if changed is None:
+                raise NotFound(f"consumer {consumer_id!r} not found in channel {channel_id!r}")
+            tx.announce_change([changed.pk])
+            action = "pause" if paused else "resume"
+            await ConsoleStore(tx).record(
+                actor.role, actor.session, action, f"{channel_id}/{consumer_id}", None, ""
+            )
+            return changed
 
     async def matching(self, channel_id: str, consumer_id: str, which: JobFilter) -> Matching:
         """The dead jobs of the filter a bulk requeue or delete would touch now."""

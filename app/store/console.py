@@ -43,6 +43,12 @@ class ConsoleStore:
         self._tx = tx
         self._now = now(tx.dialect)
 
+    async def attempts(self, job_id: int) -> object:
+        """A job's stored attempt history (app/store/attempts.py; None: none yet)."""
+        query = select(job.c.attempts).where(job.c.id == job_id)
+        found: object = (await self._tx.conn.execute(query)).scalar_one_or_none()
+        return found
+
     async def overview(self) -> list[ConsumerRow]:
         due_now = [
             job.c.consumer_pk == consumer.c.pk,

@@ -43,6 +43,8 @@ ACTIONS = {
     "purge-dlq": "Delete every dead job of the consumer (purge the DLQ)",
     "unpin": "Unpin the priority group's pinned client",
     "reset-breaker": "Reset the push breaker (and enable the endpoint again)",
+    "pause": "Pause the consumer: claims and pushes stop, publishes are still stored",
+    "resume": "Resume the consumer: waiting pulls and the dispatchers claim at once",
 }
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -366,6 +368,7 @@ async def jobs(request: Request, channel_id: str, consumer_id: str) -> Response:
         {
             "title": f"{channel_id} / {consumer_id}",
             "consumer": item,
+            "paused": item.paused_at(datetime.now(UTC)),
             "row": row,
             "path": _consumer_path(channel_id, consumer_id),
             "filter": which,
@@ -420,6 +423,7 @@ async def job_page(request: Request, channel_id: str, consumer_id: str, job_id: 
         {
             "title": f"Job {claimed.job.id}",
             "job": claimed.job,
+            "attempts": await console_of(request).rt.console.attempts(claimed),
             "message": claimed.message,
             "payload_kind": kind,
             "payload": shown,
@@ -472,6 +476,11 @@ async def confirm(request: Request, channel_id: str, consumer_id: str, action: s
         if not group:
             raise InvalidInput(f"consumer {consumer_id!r} has no priority group")
         detail = f"group {group}"
+    elif action in ("pause", "resume"):
+        paused = item.paused_at(datetime.now(UTC))
+        if paused == (action == "pause"):
+            raise InvalidInput(f"consumer {consumer_id!r} is {'paused' if paused else 'running'}")
+        detail = f"{channel_id}/{consumer_id}, until resumed" if action == "pause" else ""
     return _page(
         request,
         "confirm.html",
@@ -555,6 +564,9 @@ async def act(request: Request, channel_id: str, consumer_id: str, action: str) 
     elif action == "reset-breaker":
         changed = await rt.console.reset_breaker(actor, channel_id, consumer_id)
         done = "breaker reset" if changed else "the breaker was closed already"
+    elif action in ("pause", "resume"):
+        await rt.console.set_pause(actor, channel_id, consumer_id, action == "pause")
+        done = "paused until resumed" if action == "pause" else "resumed"
     return RedirectResponse(f"{go}?{urlencode({'done': done})}", status_code=303)
 
 

@@ -28,6 +28,7 @@ READER = "console-reader-token"
 TOKEN = "channel-token"
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 WAIT_MS = 30_000
+CHANNELS = ("billing", "fulfil", "replay", "paused")
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ def broker(
     with httpx.Client(base_url=process.url, headers=auth) as http:
         assert http.put("/producer/web", data={"token": "web-token"}).status_code == 200
         # A channel each, so that one test's messages are no other's jobs.
-        for name in ("billing", "fulfil", "replay"):
+        for name in CHANNELS:
             assert http.put(f"/channel/{name}", data={"token": TOKEN}).status_code == 200
             form = {"token": f"{name}-token", "type": "pull", "ackWait": "60"}
             r = http.put(f"/channel/{name}/consumer/{name}", data=form)
@@ -88,7 +89,7 @@ def _broker(url: str) -> Broker:
         admin_token=ADMIN,
         producer_id="web",
         producer_token="web-token",
-        channel_tokens={name: TOKEN for name in ("billing", "fulfil", "replay")},
+        channel_tokens={name: TOKEN for name in CHANNELS},
     )
 
 
@@ -208,6 +209,11 @@ def test_a_dead_job_found_by_its_payload_inspected_requeued_and_delivered(
     expect(page.locator("#attempt-count")).to_have_text("1")
     expect(page.locator("#dead-reason")).to_contain_text("card declined")
     expect(page.locator("#payload")).to_contain_text('"id": "o-7"')
+    # Its attempt history: the one attempt, ended by the worker's term with its reason.
+    attempts = page.locator("#attempt-history tr.attempt")
+    expect(attempts).to_have_count(1)
+    expect(attempts.first.locator(".outcome")).to_have_text("term")
+    expect(attempts.first.locator(".error")).to_have_text("card declined")
     shot(page, "job")
     page.click("text=Requeue")
     expect(page.locator("#confirm-count")).to_contain_text("1")
@@ -264,6 +270,10 @@ def test_the_reader_sees_everything_and_can_do_nothing(broker: str, browser: Bro
     )
     assert refused.status == 403 and "reads only" in refused.text()
     assert page.request.get("/ui/c/fulfil/fulfil/confirm/purge-dlq").status == 403
+    paused = page.request.post(
+        "/ui/c/fulfil/fulfil/do/pause", form={"csrf": csrf or ""}, max_redirects=0
+    )
+    assert paused.status == 403 and "reads only" in paused.text()
 
 
 def test_an_action_without_the_csrf_token_is_refused(broker: str, browser: Browser) -> None:
@@ -278,3 +288,39 @@ def test_an_action_without_the_csrf_token_is_refused(broker: str, browser: Brows
     anonymous = httpx.post(f"{broker}/ui/c/fulfil/fulfil/do/purge-dlq", data={"csrf": "x"})
     assert anonymous.status_code == 401
     assert re.search("sign in", anonymous.text, re.I)
+
+
+def fetch_one(url: str, expires: float) -> str | None:
+    """What one pull of the paused channel's worker gets within `expires` seconds."""
+
+    async def go() -> str | None:
+        async with _broker(url) as b:
+            worker = b.consumer("paused", "paused", consumer_token="paused-token")
+            jobs = await worker.fetch(1, expires=expires)
+            for job in jobs:
+                await job.ack()
+            return jobs[0].message_id if jobs else None
+
+    return run(go)
+
+
+def test_a_consumer_paused_and_resumed_in_the_console(broker: str, browser: Browser) -> None:
+    page = signed_in(browser, broker, ADMIN)
+    page.goto("/ui/c/paused/paused")
+    page.click("#pause")
+    expect(page.locator("form.confirm")).to_contain_text("publishes are still stored")
+    page.click("form.confirm button[type=submit]")
+    expect(page.locator(".done")).to_contain_text("paused")
+    expect(page.locator("h1 #paused")).to_have_text("paused")
+    publish(broker, "paused", ["held"], "held")
+    # Stored, and not handed out: the pull waits out its expiry with nothing.
+    assert fetch_one(broker, 2) is None
+    page.click("#resume")
+    page.click("form.confirm button[type=submit]")
+    expect(page.locator(".done")).to_contain_text("resumed")
+    expect(page.locator("h1 #paused")).to_have_count(0)
+    assert fetch_one(broker, 10) == "held-0"
+    page.goto("/ui/audit")
+    audit = page.locator("table.audit")
+    expect(audit).to_contain_text("pause")
+    expect(audit).to_contain_text("resume")
