@@ -24,6 +24,7 @@ from app.domain.nats_consumers import (
     required_level,
     resolve_name,
 )
+from app.domain.nats_pauses import PAUSE_TYPE, pause_request, pause_state
 from app.domain.priority import GROUP_NAME, GROUP_NAME_RULE, PriorityConfigError
 from app.services.bridge import BridgeService, Lookup
 from app.services.consumer_management import ConsumerManagement
@@ -139,7 +140,36 @@ class ApiHandler:
             return await self._stream_list(body)
         if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "UNPIN"]:
             return await self._unpin(tokens[2], tokens[3], body)
+        if len(tokens) == 4 and tokens[:2] == ["CONSUMER", "PAUSE"]:
+            return await self._pause(tokens[2], tokens[3], body)
         return None
+
+    async def _pause(self, stream: str, name: str, body: bytes) -> bytes:
+        """CONSUMER.PAUSE, answered as jsConsumerPauseRequest answers it."""
+        kind = PAUSE_TYPE
+        if not self._manage:
+            return p.api_error(
+                kind,
+                400,
+                None,
+                "consumer management over NATS is turned off on this bridge "
+                "([nats] allow-consumer-management=false): pause consumers over HTTP",
+            )
+        try:
+            until = pause_request(body)
+            await self._management.pause(stream, name, until)
+        except ConsumerApiError as exc:
+            return p.api_error(kind, exc.code, exc.err_code, exc.description)
+        self._cache.forget(stream, name)
+        paused, remaining = pause_state(until, datetime.now(UTC))
+        document: dict[str, object] = {
+            "type": kind,
+            "paused": paused,
+            "pause_until": p.rfc3339(until) if until else p.GO_ZERO_TIME,
+        }
+        if remaining:
+            document["pause_remaining"] = remaining
+        return json.dumps(document, separators=(",", ":")).encode()
 
     async def _unpin(self, stream: str, name: str, body: bytes) -> bytes:
         """UNPIN, with nats-server's checks in its order."""
@@ -238,7 +268,8 @@ class ApiHandler:
             description=spec.description,
             deliver_policy=spec.deliver_policy,
             metadata=spec.metadata_dict(),
-            required_level=required_level(spec),
+            # setStaticConsumerMetadata: a pause needs API level 1.
+            required_level=max(required_level(spec), 1 if consumer.paused_until else 0),
             durable=spec.durable,
             ack_policy=spec.ack_policy,
             inactive_threshold=spec.inactive_threshold,
@@ -247,6 +278,7 @@ class ApiHandler:
             idle_heartbeat=spec.idle_heartbeat,
             flow_control=spec.flow_control,
             push_bound=self._engine.push_bound(consumer),
+            pause_until=consumer.paused_until,
         )
 
     async def _create(self, tokens: list[str], body: bytes) -> bytes:

@@ -207,6 +207,7 @@ class Bridge:
             f"{api}.CONSUMER.INFO.*.*",
             f"{api}.CONSUMER.CREATE.>",
             f"{api}.CONSUMER.UNPIN.*.*",
+            f"{api}.CONSUMER.PAUSE.*.*",
             f"{api}.CONSUMER.DURABLE.CREATE.*.*",
             f"{api}.CONSUMER.DELETE.*.*",
             f"{api}.CONSUMER.NAMES.*",

@@ -865,6 +865,7 @@ class ConsumerView:
     idle_heartbeat: int = 0  # ns
     flow_control: bool = False
     push_bound: bool = False
+    pause_until: datetime | None = None  # CONSUMER.PAUSE's, kept after it passes
 
 
 # Go's zero time.Time, which INFO shows as a group's pinned_ts while nothing is pinned.
@@ -918,6 +919,8 @@ def consumer_info_document(
     if kind is not None:
         metadata |= {SERVER_VERSION_KEY: SERVER_VERSION, SERVER_LEVEL_KEY: str(API_LEVEL)}
     config["metadata"] = metadata
+    if view.pause_until is not None:
+        config["pause_until"] = rfc3339(view.pause_until)
     priority = view.priority
     if priority.active:
         config["priority_groups"] = priority.groups
@@ -939,6 +942,9 @@ def consumer_info_document(
     }
     if view.push_bound:
         document["push_bound"] = True
+    if view.pause_until is not None and view.pause_until > now:
+        document["paused"] = True
+        document["pause_remaining"] = int((view.pause_until - now).total_seconds() * NANOS)
     if priority.active:
         group: dict[str, object] = {"group": priority.group}
         if view.pinned_id:

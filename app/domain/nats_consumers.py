@@ -487,7 +487,6 @@ def refuse_unsupported(
         "max_bytes",
         "mem_storage",
         "sourcing",
-        "pause_until",
     ):
         if _nonzero(config, setting):
             raise unsupported(setting, _WHY[setting])
@@ -540,7 +539,6 @@ _WHY = {
     "max_bytes": "the bridge limits a request's bytes only as the request asks",
     "mem_storage": "jobs are stored in the broker's database",
     "sourcing": "it is for stream sourcing",
-    "pause_until": "consumers cannot be paused",
 }
 
 

@@ -147,6 +147,7 @@ def management_subjects(subjects: BridgeSubjects, channel_id: str = "*") -> tupl
         *creates,
         f"{api}.CONSUMER.DURABLE.CREATE.{channel_id}.*",
         f"{api}.CONSUMER.DELETE.{channel_id}.*",
+        f"{api}.CONSUMER.PAUSE.{channel_id}.*",
     )
 
 

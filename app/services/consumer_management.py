@@ -26,10 +26,12 @@ from app.domain.nats_consumers import (
     refuse_unsupported,
     spec_of,
 )
+from app.domain.nats_pauses import config_pause
 from app.domain.priority import PriorityConfigError, priority_settings
 from app.services.admin import AdminService, new_token
 from app.store.bridge import BridgeStore
 from app.store.db import Database
+from app.store.pauses import PauseStore
 from app.store.stakeholders import ConsumerStore, channels
 
 
@@ -88,6 +90,8 @@ class ConsumerManagement:
             if await channels(tx).get(stream) is None:
                 raise stream_not_found()
             wanted = check_config(request.config)
+            # Read for a new consumer only: an existing one keeps its pause (nats-server).
+            paused_until = config_pause(request.config)
             if not wanted.name:
                 # An ephemeral consumer the request does not name: named as nats-server names
                 # one (createConsumerName), for the client to bind to.
@@ -110,6 +114,7 @@ class ConsumerManagement:
                         "token": new_token(),
                         "callback_url": "",
                         "type": ConsumerType.PULL.value,
+                        "paused_until": paused_until,
                         "created_at": now,
                         "updated_at": now,
                     }
@@ -144,6 +149,21 @@ class ConsumerManagement:
             updated = await store.update(existing.pk, values)
             tx.announce_change([updated.pk])
             return Created(updated, True)
+
+    async def pause(self, stream: str, name: str, until: datetime | None) -> Consumer:
+        """CONSUMER.PAUSE: paused until `until` (None: resumed), announced as the management
+        API's pause is (app/services/pausing.py)."""
+        if not nameable(stream):
+            raise stream_not_found()
+        async with self._db.transaction() as tx:
+            if await channels(tx).get(stream) is None:
+                raise stream_not_found()
+            found = await ConsumerStore(tx).get(stream, name)
+            changed = await PauseStore(tx).set(found.pk, until) if found else None
+            if changed is None:
+                raise consumer_not_found()
+            tx.announce_change([changed.pk])
+        return changed
 
     async def delete(self, stream: str, name: str) -> Consumer:
         """The management API's delete, without its If-Unmodified-Since (NATS has none)."""
