@@ -142,7 +142,8 @@ def test_the_document_declares_answers_errors_and_bodies() -> None:
     plain = document()
     assert "422" not in json.dumps(plain)
     operations = [(path, op) for path, ops in plain["paths"].items() for op in ops.values()]
-    assert len(operations) == 39
+    # which operations there are is test_openapi_complete's: this checks what each declares
+    assert operations
     for path, op in operations:
         statuses = op["responses"]
         assert any(s < "300" for s in statuses), (path, statuses)
