@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 
 from app.config import Config
 from app.domain import nats_permissions as perms
@@ -26,8 +27,11 @@ publish to inboxes and consumer advisories; the hybrid leafnode link logs in as 
 A pull consumer's user is named <channel>.<consumer>: it may request only that consumer's
 MSG.NEXT, CONSUMER.INFO and UNPIN, its channel's STREAM.INFO and acks under the consumer's
 ack prefix, and read only the inboxes _INBOX.<channel>.<consumer>.> (its client must set that
-inbox prefix) and its consumer's advisories. Consumers whose ids cannot be NATS subject
-tokens are listed in comments and get no user.
+inbox prefix) and its consumer's advisories; of a push consumer (deliver_subject), also its
+deliver subject (in its deliver group) and its flow control replies,
+$JS.FC.<channel>.<consumer>.> (the bridge hears those on $JS.FC.> and may publish to deliver
+subjects outside _INBOX.>).
+Consumers whose ids cannot be NATS subject tokens are listed in comments and get no user.
 
 Passwords are not invented: each is written as a reference, ${perms.BRIDGE_PASSWORD_VARIABLE}
 for the bridge and $WORKER_<CHANNEL>_<CONSUMER>_PASSWORD per consumer (shown in each user's
@@ -76,7 +80,7 @@ def bridge_subjects(config: Config) -> perms.BridgeSubjects:
 
 def permissions_text(
     config: Config,
-    consumers: list[tuple[str, str]],
+    consumers: Sequence[tuple[str, ...]],
     *,
     accounts: bool = False,
     account: str = perms.DEFAULT_ACCOUNT,

@@ -47,8 +47,12 @@ def test_each_worker_gets_its_consumer_subjects_only() -> None:
         "$JS.API.STREAM.INFO.orders",
         "$WB.ACK._.*.orders.billing.>",
         "$WB.ACK.orders.billing.>",
+        "$JS.FC.orders.billing.>",
     )
-    assert billing.subscribe[0] == "_INBOX.orders.billing.>"
+    assert billing.subscribe == (
+        "_INBOX.orders.billing.>",
+        "$JS.EVENT.ADVISORY.CONSUMER.*.orders.billing",
+    )
     # Only their channel's STREAM.INFO is common to two consumers of one channel.
     assert set(billing.publish) & set(audit.publish) == {"$JS.API.STREAM.INFO.orders"}
     # Consumer management is the bridge's alone.
@@ -56,6 +60,40 @@ def test_each_worker_gets_its_consumer_subjects_only() -> None:
     assert "$JS.API.CONSUMER.CREATE.> webhook-broker-bridge" in bridge.subscribe
     assert not any("CREATE" in s or "DELETE" in s for u in (billing, audit) for s in u.publish)
     assert bridge.password == "$NATS_BRIDGE_PASSWORD"
+    # Every bridge hears every flow control reply (it takes those it asked for): no queue.
+    assert "$JS.FC.>" in bridge.subscribe
+    assert bridge.publish == ("_INBOX.>", "$JS.EVENT.ADVISORY.CONSUMER.>")
+
+
+def test_a_push_consumers_worker_receives_on_its_deliver_subject() -> None:
+    users, _ = perms.build_users(
+        SUBJECTS,
+        [
+            perms.WorkerConsumer("orders", "grouped", "push.orders", "grp"),
+            perms.WorkerConsumer("orders", "alone", "push.alone"),
+            # nats-py's js.subscribe with the worker's inbox prefix: already its own.
+            perms.WorkerConsumer("orders", "inboxed", "_INBOX.orders.inboxed.Xy12"),
+            # Another inbox (a client without the prefix): granted by name.
+            perms.WorkerConsumer("orders", "stray", "_INBOX.Qz9"),
+            ("orders", "pulling"),
+        ],
+        bridge_user="bridge",
+    )
+    bridge, grouped, alone, inboxed, stray, pulling = users
+    # Only within its deliver group, as its members subscribe.
+    assert grouped.subscribe[2:] == ("push.orders grp",)
+    assert alone.subscribe[2:] == ("push.alone",)
+    assert inboxed.subscribe[2:] == () and pulling.subscribe[2:] == ()
+    assert stray.subscribe[2:] == ("_INBOX.Qz9",)
+    # The bridge delivers to the subjects outside the inboxes it may already publish to.
+    assert bridge.publish == (
+        "_INBOX.>",
+        "$JS.EVENT.ADVISORY.CONSUMER.>",
+        "push.alone",
+        "push.orders",
+    )
+    # Flow control replies only for its own consumer.
+    assert [s for s in grouped.publish if s.startswith("$JS.FC")] == ["$JS.FC.orders.grouped.>"]
 
 
 def test_a_channels_management_subjects_cover_the_unnamed_ephemeral() -> None:
@@ -107,14 +145,24 @@ def test_ids_no_subject_can_carry_get_no_user() -> None:
 
 
 def test_both_forms_load_in_nats_server_and_need_every_password(tmp_path: Path) -> None:
-    users, _ = perms.build_users(SUBJECTS, [("orders", "billing")], bridge_user="bridge")
+    users, _ = perms.build_users(
+        SUBJECTS,
+        [("orders", "billing"), perms.WorkerConsumer("orders", "pushed", "push.x", "grp")],
+        bridge_user="bridge",
+    )
     for text in (perms.render_authorization(users), perms.render_accounts(users)):
         loaded = nats_server_accepts(
-            text, tmp_path, NATS_BRIDGE_PASSWORD="b", WORKER_ORDERS_BILLING_PASSWORD="w"
+            text,
+            tmp_path,
+            NATS_BRIDGE_PASSWORD="b",
+            WORKER_ORDERS_BILLING_PASSWORD="w",
+            WORKER_ORDERS_PUSHED_PASSWORD="p",
         )
         assert loaded.returncode == 0, loaded.stdout + loaded.stderr
         # A password missing from the environment stops the server, not an empty password.
-        missing = nats_server_accepts(text, tmp_path, NATS_BRIDGE_PASSWORD="b")
+        missing = nats_server_accepts(
+            text, tmp_path, NATS_BRIDGE_PASSWORD="b", WORKER_ORDERS_PUSHED_PASSWORD="p"
+        )
         assert missing.returncode != 0
         assert "WORKER_ORDERS_BILLING_PASSWORD" in missing.stdout + missing.stderr
 

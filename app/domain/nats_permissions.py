@@ -14,6 +14,20 @@ Who may do what:
   its consumer's ack prefix; it reads only its own inbox, `_INBOX.<channel>.<consumer>.>`,
   and its consumer's advisories. Its client must set that inbox prefix (nats-py:
   `connect(inbox_prefix=...)`, nats.js: `inboxPrefix`).
+- Push consumers (a `deliver_subject`): the bridge publishes deliveries, idle heartbeats and
+  flow control requests to the deliver subject, and hears the flow control replies on
+  `$JS.FC.>` (each bridge all of them, no queue group: it takes those it asked for). The
+  consumer's worker may receive on its deliver subject (in its `deliver_group`, if it has one)
+  and reply to flow control under `$JS.FC.<channel>.<consumer>.>`.
+
+Why a worker gets its own inboxes and not `_INBOX.>` (which NATS' docs suggest for plain
+request/reply): the bridge answers every worker's requests and delivers every pull to
+inboxes, so `_INBOX.>` would let any worker read every other consumer's jobs. nats-py makes a
+push subscription's deliver subject with `new_inbox()`, which carries the connection's inbox
+prefix: `js.subscribe(...)` and the ordered consumer's re-creations deliver to
+`_INBOX.<channel>.<consumer>.<random>`, already the worker's. A push consumer created with
+another deliver subject (by an operator, or a client without the prefix) is granted by name:
+the bridge may publish to it and its worker receive on it, as of the command's run.
 
 Why `_INBOX.<user>` and not `_INBOX_<user>`: permissions match whole subject tokens, so with the
 user in a token of its own the bridge's publish permission stays `_INBOX.>` whatever the
@@ -33,12 +47,16 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 JS_ACK_PREFIX = "$JS.ACK"
 # The domain and account-hash tokens of the bridge's ack subjects: no domain, and the job id
 # where an account's hash would be (app/bridge/protocol.AckToken).
 ACK_UNSET_TOKENS = "_.*"
 ADVISORY_PREFIX = "$JS.EVENT.ADVISORY.CONSUMER"
+# Where push consumers' flow control replies go: `$JS.FC.<stream>.<consumer>.<id>`, as
+# nats-server names them (app/bridge/push.py).
+FLOW_CONTROL_PREFIX = "$JS.FC"
 INBOX_ROOT = "_INBOX"
 BRIDGE_PASSWORD_VARIABLE = "NATS_BRIDGE_PASSWORD"
 DEFAULT_BRIDGE_USER = "webhook-broker-bridge"
@@ -69,6 +87,15 @@ class NatsUser:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     comment: str = ""
+
+
+class WorkerConsumer(NamedTuple):
+    """A consumer a worker's user is made for; a push consumer's deliver subject and group."""
+
+    channel_id: str
+    consumer_id: str
+    deliver_subject: str = ""
+    deliver_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +155,7 @@ def bridge_subscriptions(subjects: BridgeSubjects) -> tuple[str, ...]:
         f"{api}.CONSUMER.UNPIN.*.*",
         f"{api}.CONSUMER.MSG.NEXT.*.*",
         f"{subjects.ack_prefix}.>",
+        f"{FLOW_CONTROL_PREFIX}.>",
     )
 
 
@@ -151,21 +179,31 @@ def management_subjects(subjects: BridgeSubjects, channel_id: str = "*") -> tupl
     )
 
 
-def bridge_permissions(subjects: BridgeSubjects, user: str, password: str) -> NatsUser:
+def _in_inboxes(subject: str) -> bool:
+    return subject.startswith(f"{INBOX_ROOT}.")
+
+
+def bridge_permissions(
+    subjects: BridgeSubjects, user: str, password: str, deliver_subjects: Iterable[str] = ()
+) -> NatsUser:
     queue = subjects.queue_group
-    leaf_acks = f"{JS_ACK_PREFIX}.>"
+    # A leafnode's imports are checked without the queue, so the hybrid link's acks
+    # ($JS.ACK, which a client connection never uses) go unqualified; every bridge hears
+    # every flow control reply, outside any queue group.
+    unqualified = (f"{JS_ACK_PREFIX}.>", f"{FLOW_CONTROL_PREFIX}.>")
 
     def allowed(subject: str) -> str:
         # `<subject> <queue>`: the bridge's client connection may subscribe only within its
-        # queue group. A leafnode's imports are checked without the queue, so the hybrid
-        # link's acks ($JS.ACK, which a client connection never uses) go unqualified.
-        return f"{subject} {queue}" if queue and subject != leaf_acks else subject
+        # queue group.
+        return f"{subject} {queue}" if queue and subject not in unqualified else subject
 
     subscribe = tuple(allowed(subject) for subject in bridge_subscriptions(subjects))
+    # Push consumers delivering outside the inboxes, by name.
+    delivers = sorted({s for s in deliver_subjects if s and not _in_inboxes(s)})
     return NatsUser(
         user=user,
         password=password,
-        publish=(f"{INBOX_ROOT}.>", f"{ADVISORY_PREFIX}.>"),
+        publish=(f"{INBOX_ROOT}.>", f"{ADVISORY_PREFIX}.>", *delivers),
         subscribe=subscribe,
         comment="the bridge (and the broker's other processes, for advisories): password "
         f"${BRIDGE_PASSWORD_VARIABLE}",
@@ -173,10 +211,22 @@ def bridge_permissions(subjects: BridgeSubjects, user: str, password: str) -> Na
 
 
 def worker_permissions(
-    subjects: BridgeSubjects, channel_id: str, consumer_id: str, password: str, variable: str = ""
+    subjects: BridgeSubjects,
+    channel_id: str,
+    consumer_id: str,
+    password: str,
+    variable: str = "",
+    *,
+    deliver_subject: str = "",
+    deliver_group: str = "",
 ) -> NatsUser:
     api = subjects.api_prefix
     user = worker_user(channel_id, consumer_id)
+    own_inboxes = f"{inbox_prefix(user)}.>"
+    delivers: tuple[str, ...] = ()
+    if deliver_subject and not deliver_subject.startswith(f"{inbox_prefix(user)}."):
+        # A deliver group's members subscribe in it: granted in that queue group only.
+        delivers = (f"{deliver_subject} {deliver_group}" if deliver_group else deliver_subject,)
     return NatsUser(
         user=user,
         password=password,
@@ -190,10 +240,13 @@ def worker_permissions(
             # for deliveries made before an upgrade.
             f"{subjects.ack_prefix}.{ACK_UNSET_TOKENS}.{channel_id}.{consumer_id}.>",
             f"{subjects.ack_prefix}.{channel_id}.{consumer_id}.>",
+            # Flow control replies of its push consumer (nats-py answers them itself).
+            f"{FLOW_CONTROL_PREFIX}.{channel_id}.{consumer_id}.>",
         ),
         subscribe=(
-            f"{inbox_prefix(user)}.>",
+            own_inboxes,
             f"{ADVISORY_PREFIX}.*.{channel_id}.{consumer_id}",
+            *delivers,
         ),
         comment=f"pull consumer {consumer_id} of channel {channel_id}: inbox prefix "
         f"{inbox_prefix(user)}" + (f", password ${variable}" if variable else ""),
@@ -202,12 +255,13 @@ def worker_permissions(
 
 def build_users(
     subjects: BridgeSubjects,
-    consumers: Sequence[tuple[str, str]],
+    consumers: Sequence[tuple[str, ...]],
     *,
     bridge_user: str,
     passwords: Mapping[str, str] | None = None,
 ) -> tuple[list[NatsUser], list[Skipped]]:
-    """The bridge's user, then one user per (channel, consumer) whose ids can be subjects.
+    """The bridge's user, then one user per consumer whose ids can be subjects; each item a
+    (channel, consumer) pair or a WorkerConsumer (a push consumer's deliver subject and group).
 
     `passwords`: values by variable name; None writes `$VARIABLE` references instead. A
     variable missing from it raises KeyError with the variable's name.
@@ -218,10 +272,11 @@ def build_users(
 
     if not bridge_user or any(ch in bridge_user for ch in '"\\\n\r\t'):
         raise ValueError(f"bridge user {bridge_user!r} cannot be written in a nats-server config")
-    users = [bridge_permissions(subjects, bridge_user, password(BRIDGE_PASSWORD_VARIABLE))]
     skipped: list[Skipped] = []
-    eligible: list[tuple[str, str]] = []
-    for channel_id, consumer_id in consumers:
+    eligible: list[WorkerConsumer] = []
+    for item in consumers:
+        consumer = WorkerConsumer(*item)
+        channel_id, consumer_id = consumer.channel_id, consumer.consumer_id
         if not (is_subject_token(channel_id) and is_subject_token(consumer_id)):
             skipped.append(
                 Skipped(
@@ -234,11 +289,29 @@ def build_users(
             continue
         if worker_user(channel_id, consumer_id) == bridge_user:
             raise ValueError(f"bridge user {bridge_user!r} is also a worker's user name")
-        eligible.append((channel_id, consumer_id))
-    variables = password_variables(eligible)
-    for key in eligible:
-        variable = variables[key]
-        users.append(worker_permissions(subjects, *key, password(variable), variable))
+        eligible.append(consumer)
+    users = [
+        bridge_permissions(
+            subjects,
+            bridge_user,
+            password(BRIDGE_PASSWORD_VARIABLE),
+            (c.deliver_subject for c in eligible),
+        )
+    ]
+    variables = password_variables((c.channel_id, c.consumer_id) for c in eligible)
+    for c in eligible:
+        variable = variables[(c.channel_id, c.consumer_id)]
+        users.append(
+            worker_permissions(
+                subjects,
+                c.channel_id,
+                c.consumer_id,
+                password(variable),
+                variable,
+                deliver_subject=c.deliver_subject,
+                deliver_group=c.deliver_group,
+            )
+        )
     return users, skipped
 
 

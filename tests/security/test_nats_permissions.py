@@ -3,9 +3,11 @@ any, so whoever reached port 4222 could pull, ack or term any consumer's jobs, r
 delivery or join the bridge's queue group.
 
 A compose-like deployment: a real nats-server whose users come from `webhook-broker
-nats-permissions` run against a real database with two pull consumers, the bridge logged in as
-its user. Each worker pulls and acks its own consumer's jobs with nats-py; every reach for the
-other consumer's subjects or the bridge's is a permissions violation, and nothing arrives."""
+nats-permissions` run against a real database with two pull consumers and a push consumer
+(made over NATS, with flow control), the bridge logged in as its user. Each worker pulls and
+acks its own consumer's jobs with nats-py, the push consumer's worker receives its jobs with
+`js.subscribe` and answers flow control; every reach for the other consumers' subjects or the
+bridge's is a permissions violation, and nothing arrives."""
 
 from __future__ import annotations
 
@@ -21,10 +23,14 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from app.bridge import protocol as p
 from app.bridge.bridge import Bridge
 from app.config import Config, NatsConfig
 from app.domain.jobs import JobStatus
+from app.domain.nats_consumers import CreateRequest, ProcessLimits
 from app.runtime import Runtime
+from app.services.admin import AdminService
+from app.services.consumer_management import ConsumerManagement
 from app.store.jobs import JobStore
 from app.store.stakeholders import ConsumerStore
 from tests.helpers.natsproc import NatsServer
@@ -67,7 +73,10 @@ PASSWORDS = {
     "NATS_BRIDGE_PASSWORD": "bridge-secret",
     "WORKER_ORDERS_WORKERS_PASSWORD": "workers-secret",
     "WORKER_ORDERS_AUDITORS_PASSWORD": "auditors-secret",
+    "WORKER_ORDERS_PUSHERS_PASSWORD": "pushers-secret",
 }
+# The push consumer's deliver subject: outside the inboxes, so granted by name.
+DELIVER = "push.orders.pushers"
 
 PUBLISH_HEADERS = {
     "X-Broker-Channel-Token": "orders-token",
@@ -147,6 +156,28 @@ async def publish(client: httpx.AsyncClient, name: str) -> None:
     assert response.status_code == 201, response.text
 
 
+async def create_push_consumer(runtime: Runtime) -> None:
+    """Push consumer `pushers`, made as a CONSUMER.CREATE over NATS makes it (an operator's,
+    before the permissions are written): flow control, idle heartbeats, a short ack wait."""
+    management = ConsumerManagement(
+        runtime.db,
+        AdminService(runtime.db, runtime.tokens),
+        ProcessLimits(
+            max_waiting=512, max_batch=256, max_expires=0, default_ack_wait=30, max_retry=4
+        ),
+    )
+    config = {
+        "durable_name": "pushers",
+        "deliver_subject": DELIVER,
+        "ack_policy": "explicit",
+        "ack_wait": p.NANOS,
+        "flow_control": True,
+        "idle_heartbeat": p.NANOS,
+        "filter_subject": "orders",
+    }
+    await management.create("orders", CreateRequest("orders", config, "", False))
+
+
 class Worker:
     """A worker's nats-py connection as its user, with the inbox prefix its user may read;
     the permission errors the server sends it are collected."""
@@ -197,6 +228,7 @@ async def test_a_worker_reaches_only_its_own_consumer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     ack_prefix = "$JS.ACK" if mode == "hybrid" else "$WB.ACK"
+    await create_push_consumer(runtime)
     block = await nats_permissions(
         rdbms, mode, tmp_path, *(["--accounts"] if form == "accounts" else [])
     )
@@ -220,7 +252,7 @@ async def test_a_worker_reaches_only_its_own_consumer(
         ),
         name="bridge",
     )
-    workers, auditors = Worker("workers"), Worker("auditors")
+    workers, auditors, pushers = Worker("workers"), Worker("auditors"), Worker("pushers")
     caplog.set_level(logging.WARNING)
     try:
         await bridge.start()
@@ -229,17 +261,28 @@ async def test_a_worker_reaches_only_its_own_consumer(
             await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0)
         await workers.connect(server)
         await auditors.connect(server)
+        await pushers.connect(server)
+        # The push consumer's worker binds to it with js.subscribe (it reads the consumer's
+        # info, then subscribes to the deliver subject) before anything is published (a
+        # client-mode bridge cannot see whether anyone listens).
+        pushed: asyncio.Queue[Msg] = asyncio.Queue()
+        await pushers.nc.jetstream().subscribe(
+            "orders", durable="pushers", stream="orders", cb=pushed.put, manual_ack=True
+        )
+        await pushers.nc.flush(timeout=5)
 
         await publish(client, "job-1")
         # Each worker pulls and acks its own consumer's job.
         own = await workers.nc.jetstream().pull_subscribe("orders", "workers", stream="orders")
         [msg] = await own.fetch(1, timeout=5)
-        assert msg.data == b"job-1" and msg.reply.startswith(f"{ack_prefix}.orders.workers.")
+        # The reply: `<prefix>._.<job id>.<stream>.<consumer>...` (app/bridge/protocol.py).
+        assert msg.data == b"job-1" and msg.reply.startswith(f"{ack_prefix}._.")
+        assert msg.reply.split(".")[4:6] == ["orders", "workers"]
         await msg.ack_sync(timeout=5)
         assert await job_status(runtime, "workers", 1) is JobStatus.DELIVERED
         theirs = await auditors.nc.jetstream().pull_subscribe("orders", "auditors", stream="orders")
         [held] = await theirs.fetch(1, timeout=5)
-        assert held.data == b"job-1" and held.reply.startswith(f"{ack_prefix}.orders.auditors.")
+        assert held.data == b"job-1" and held.reply.split(".")[4:6] == ["orders", "auditors"]
         if mode == "hybrid":
             assert held.metadata.stream == "orders" and held.metadata.consumer == "auditors"
 
@@ -253,6 +296,9 @@ async def test_a_worker_reaches_only_its_own_consumer(
             (f"{ack_prefix}.orders.auditors.>", ""),
             ("_INBOX.>", ""),
             ("_INBOX.orders.auditors.>", ""),
+            # Another consumer's deliver subject, and the flow control replies.
+            (DELIVER, ""),
+            ("$JS.FC.>", ""),
         ):
             await workers.nc.subscribe(subject, queue=queue, cb=workers.catch)
             await workers.refused("subscription", subject)
@@ -264,6 +310,11 @@ async def test_a_worker_reaches_only_its_own_consumer(
         other_next = "$JS.API.CONSUMER.MSG.NEXT.orders.auditors"
         await workers.nc.publish(other_next, b'{"batch": 5, "no_wait": true}', reply=inbox)
         await workers.refused("publish", other_next)
+
+        # Answering the push consumer's flow control for it: refused.
+        foreign_fc = "$JS.FC.orders.pushers.AbCd"
+        await workers.nc.publish(foreign_fc, b"")
+        await workers.refused("publish", foreign_fc)
 
         # Terminating the other consumer's delivery: refused, the job stays in flight.
         await workers.nc.publish(held.reply, b"+TERM stolen")
@@ -277,13 +328,27 @@ async def test_a_worker_reaches_only_its_own_consumer(
         assert second.data == b"job-2"
         await second.ack_sync(timeout=5)
         assert await job_status(runtime, "auditors", 2) is JobStatus.DELIVERED
+        # The push consumer's worker got both jobs and acks them; its flow control replies
+        # are its own to send.
+        got: dict[bytes, Msg] = {}
+        while len(got) < 2:
+            one = await asyncio.wait_for(pushed.get(), 15)
+            got[one.data] = one
+        assert sorted(got) == [b"job-1", b"job-2"]
+        for one in got.values():
+            assert one.reply.split(".")[4:6] == ["orders", "pushers"]
+            await one.ack_sync(timeout=5)
+        assert await job_status(runtime, "pushers", 2) is JobStatus.DELIVERED
+        await pushers.nc.publish("$JS.FC.orders.pushers.AbCd", b"")
+        await pushers.nc.flush(timeout=5)
+
         await workers.nc.flush(timeout=5)
         assert workers.received == []
-        assert auditors.errors == []
+        assert auditors.errors == [] and pushers.errors == []
         # The bridge itself was refused nothing (it would log the server's error).
         assert not [r for r in caplog.records if "ermissions" in r.getMessage()]
     finally:
-        for worker in (workers, auditors):
+        for worker in (workers, auditors, pushers):
             if worker.nc.is_connected:
                 await worker.nc.close()
         await bridge.stop()
