@@ -42,6 +42,13 @@ from app.services.tokens import TokenKeys
 
 log = logging.getLogger(__name__)
 
+CLIENT_MODE_NOTICE = (
+    "NATS bridge %s runs in client mode: a pulled delivery's msg.subject is the requester's "
+    "inbox (not the channel) and its reply is under %s (not $JS.ACK), so @nats-io/jetstream "
+    "(JavaScript), nats-jetstream (Python), nats-py's ordered consumers, heartbeats and "
+    "msg.metadata need [nats] mode=hybrid (a leafnode link); nats-py's fetch and acks work"
+)
+
 HYBRID_ACK_PREFIX = p.DEFAULT_ACK_PREFIX
 # An AckNone consumer's delivery, acknowledged by the bridge as it is sent.
 SENT = p.parse_ack(b"+ACK")
@@ -232,6 +239,10 @@ class Bridge:
             api,
             self.ack_prefix,
         )
+        if not self.hybrid:
+            # Said once per start: clients that break in client mode fail in their own
+            # words (missed heartbeats, "not a JetStream message"), far from the cause.
+            log.warning(CLIENT_MODE_NOTICE, self.name, self.ack_prefix)
 
     async def stop(self) -> None:
         """Stop taking requests, answer what is queued, apply every received ack, close."""
