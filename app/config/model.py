@@ -48,6 +48,12 @@ class DatabaseConfig:
         rest = self.connection_url.split("://", 1)[1]
         return f"postgresql+psycopg://{rest}"
 
+    def __repr__(self) -> str:
+        # A PostgreSQL URL may hold a password (in its user part or as ?password=): never shown.
+        where = repr(self.connection_url) if self.dialect == "sqlite" else "<redacted>"
+        replica = "<redacted>" if self.replica_url else "none"
+        return f"DatabaseConfig(dialect={self.dialect!r}, url={where}, replica={replica})"
+
 
 _LISTENER: tuple[str, int] = default("http", "listener")
 

@@ -44,7 +44,8 @@ class PayloadQuery:
             return True
         try:
             value: object = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
+            # RecursionError: nesting deeper than the parser goes is not a match, not an error.
             return False
         for part in self.field:
             if isinstance(value, dict) and part in value:
@@ -125,10 +126,13 @@ def _moment(name: str, raw: str | None) -> datetime | None:
         return None
     try:
         moment = datetime.fromisoformat(text)
+        # <input type=datetime-local> sends no offset; the console shows times in UTC.
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
     except ValueError:
         raise InvalidInput(f"{name} must be a date and time (2026-11-26T18:00)") from None
-    # <input type=datetime-local> sends no offset; the console shows times in UTC.
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except OverflowError:
+        # An offset can carry a time at either end of the calendar past it (0001-01-01+01:00).
+        raise InvalidInput(f"{name} is outside the years 1 to 9999 in UTC") from None
 
 
 def parse_job_filter(
@@ -166,7 +170,10 @@ def parse_job_filter(
         # A payload search reads rows, so it is held to a window (the last day by default).
         moment = now or datetime.now(UTC)
         end_at = end or moment
-        start = start or end_at - DEFAULT_WINDOW
+        try:
+            start = start or end_at - DEFAULT_WINDOW
+        except OverflowError:
+            raise InvalidInput("until is too early for a payload search's window") from None
         if end_at - start > MAX_SEARCH_WINDOW:
             raise InvalidInput(f"a payload search covers at most {MAX_SEARCH_WINDOW.days} days")
     text_id = (message_id or "").strip() or None

@@ -46,6 +46,21 @@ ACTIONS = {
     "pause": "Pause the consumer: claims and pushes stop, publishes are still stored",
     "resume": "Resume the consumer: waiting pulls and the dispatchers claim at once",
 }
+# What an action's redirect may say on the page it lands on: a code and a number in the query,
+# never text from it (a link could otherwise put any sentence on a console page).
+DONE = {
+    "job-requeued": "job {n} requeued",
+    "job-deleted": "job {n} deleted",
+    "requeued": "{n} jobs requeued",
+    "deleted": "{n} jobs deleted",
+    "purged": "{n} dead jobs deleted",
+    "unpinned": "the priority group's pinned client unpinned",
+    "not-pinned": "the priority group had no pinned client",
+    "breaker-reset": "breaker reset",
+    "breaker-closed": "the breaker was closed already",
+    "paused": "paused until resumed",
+    "resumed": "resumed",
+}
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -175,6 +190,17 @@ def _number(raw: str | None, name: str) -> int:
     if not raw or not raw.isascii() or not raw.isdigit() or len(raw) > 18:
         raise InvalidInput(f"{name} must be a number")
     return int(raw)
+
+
+def done_text(params: Mapping[str, str]) -> str | None:
+    """The sentence for `?done=<code>&n=<number>`; None for any other code or number."""
+    text = DONE.get(params.get("done", ""))
+    if text is None or "{n}" not in text:
+        return text
+    n = params.get("n", "")
+    if not n.isascii() or not n.isdigit() or len(n) > 18:
+        return None
+    return text.format(n=int(n))
 
 
 def _consumer_path(channel_id: str, consumer_id: str) -> str:
@@ -381,32 +407,59 @@ async def jobs(request: Request, channel_id: str, consumer_id: str) -> Response:
             else None,
             "statuses": ["ANY", *[s.value for s in JobStatus]],
             "redrives": redrives[:5],
-            "done": params.get("done"),
+            "done": done_text(params),
         },
         status_code=400 if error else 200,
     )
 
 
+# A payload is pretty-printed only up to PRETTY_MAX bytes, and no view shows more than SHOWN_MAX
+# characters: indentation grows with depth, so a few KiB of nested brackets print as megabytes.
+PRETTY_MAX = 64 * 1024
+SHOWN_MAX = 256 * 1024
+HEX_MAX = 48 * 1024  # 16 bytes a line, 76 characters: within SHOWN_MAX
+
+
+def _pretty_json(text: str) -> str | None:
+    """The JSON text indented, or None: not JSON, nested deeper than the parser goes, or longer
+    than SHOWN_MAX indented (the encoder is stopped there, never run to the end)."""
+    try:
+        value = json.loads(text)
+        out: list[str] = []
+        size = 0
+        for chunk in json.JSONEncoder(indent=2, ensure_ascii=False).iterencode(value):
+            size += len(chunk)
+            if size > SHOWN_MAX:
+                return None
+            out.append(chunk)
+    except (ValueError, RecursionError):
+        return None
+    return "".join(out)
+
+
 def _payload_view(payload: bytes, content_type: str) -> tuple[str, str]:
-    """("json" | "text" | "hex", what to show)."""
+    """("json" | "text" | "hex", what to show): JSON indented when that stays small, text as
+    sent, anything else as a hex dump; each cut with a line saying how many bytes are left."""
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError:
         text = None
     if text is not None:
-        try:
-            return "json", json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-        except ValueError:
-            pass
-        if all(ch.isprintable() or ch in "\r\n\t" for ch in text):
-            return "text", text
+        if len(payload) <= PRETTY_MAX:
+            pretty = _pretty_json(text)
+            if pretty is not None:
+                return "json", pretty
+        shown = text[:SHOWN_MAX]
+        if all(ch.isprintable() or ch in "\r\n\t" for ch in shown):
+            rest = len(payload) - len(shown.encode("utf-8"))
+            return "text", shown + (f"\n… {rest} more bytes" if rest else "")
     lines = []
-    for offset in range(0, min(len(payload), 64 * 1024), 16):
+    for offset in range(0, min(len(payload), HEX_MAX), 16):
         chunk = payload[offset : offset + 16]
-        shown = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
-        lines.append(f"{offset:08x}  {chunk.hex(' '):<47}  {shown}")
-    if len(payload) > 64 * 1024:
-        lines.append(f"... {len(payload) - 64 * 1024} more bytes")
+        printed = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{offset:08x}  {chunk.hex(' '):<47}  {printed}")
+    if len(payload) > HEX_MAX:
+        lines.append(f"… {len(payload) - HEX_MAX} more bytes")
     return "hex", "\n".join(lines)
 
 
@@ -430,7 +483,7 @@ async def job_page(request: Request, channel_id: str, consumer_id: str, job_id: 
             "path": _consumer_path(channel_id, consumer_id),
             "channel_id": channel_id,
             "consumer_id": consumer_id,
-            "done": request.query_params.get("done"),
+            "done": done_text(request.query_params),
         },
     )
 
@@ -511,24 +564,24 @@ async def act(request: Request, channel_id: str, consumer_id: str, action: str) 
     creds = _creds(channel_id, consumer_id)
     path = _consumer_path(channel_id, consumer_id)
     target = f"{channel_id}/{consumer_id}"
-    done = ""
+    done: tuple[str, int | None] = ("", None)
     go = path
     if action == "requeue-job":
         job_id = _number(form.get("job"), "a job id")
         await rt.seed_jobs.requeue_dead_job(creds, str(job_id))
         await rt.console.record(actor, action, f"{target}/job/{job_id}", 1)
-        done, go = f"job {job_id} requeued", f"{path}/job/{job_id}"
+        done, go = ("job-requeued", job_id), f"{path}/job/{job_id}"
     elif action == "delete-job":
         job_id = _number(form.get("job"), "a job id")
         await rt.seed_jobs.delete_dead_job(creds, str(job_id))
         await rt.console.record(actor, action, f"{target}/job/{job_id}", 1)
-        done = f"job {job_id} deleted"
+        done = ("job-deleted", job_id)
     elif action == "requeue-matching":
         count = await rt.console.requeue_matching(actor, channel_id, consumer_id, _filter(form))
-        done = f"{count} jobs requeued"
+        done = ("requeued", count)
     elif action == "delete-matching":
         count = await rt.console.delete_matching(actor, channel_id, consumer_id, _filter(form))
-        done = f"{count} jobs deleted"
+        done = ("deleted", count)
     elif action == "redrive-matching":
         which = _filter(form)
         refusal = which.redrivable
@@ -554,20 +607,22 @@ async def act(request: Request, channel_id: str, consumer_id: str, action: str) 
     elif action == "purge-dlq":
         count = await rt.seed_jobs.purge_dead(creds)
         await rt.console.record(actor, action, target, count)
-        done = f"{count} dead jobs deleted"
+        done = ("purged", count)
     elif action == "unpin":
         item = await rt.console.consumer(channel_id, consumer_id)
         group = item.priority.group or ""
         unpinned = await rt.pins.unpin(item, group)
         await rt.console.record(actor, action, target, None, f"group {group}")
-        done = f"group {group} unpinned" if unpinned else f"group {group} was not pinned"
+        done = ("unpinned" if unpinned else "not-pinned", None)
     elif action == "reset-breaker":
         changed = await rt.console.reset_breaker(actor, channel_id, consumer_id)
-        done = "breaker reset" if changed else "the breaker was closed already"
+        done = ("breaker-reset" if changed else "breaker-closed", None)
     elif action in ("pause", "resume"):
         await rt.console.set_pause(actor, channel_id, consumer_id, action == "pause")
-        done = "paused until resumed" if action == "pause" else "resumed"
-    return RedirectResponse(f"{go}?{urlencode({'done': done})}", status_code=303)
+        done = ("paused" if action == "pause" else "resumed", None)
+    code, n = done
+    query = {"done": code} if n is None else {"done": code, "n": str(n)}
+    return RedirectResponse(f"{go}?{urlencode(query)}", status_code=303)
 
 
 @router.get("/c/{channel_id}/{consumer_id}/redrive/{redrive_id}")
