@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from app.bridge import protocol as p
 from app.bridge.engine import PullEngine
-from app.domain.models import Consumer, ConsumerType
+from app.domain.models import Consumer, ConsumerType, StreamState
 from app.domain.nats_consumers import (
     ConsumerApiError,
     CreateRequest,
@@ -70,6 +71,38 @@ class ConsumerCache:
         return found
 
 
+class StreamStates:
+    """STREAM.INFO's state counts a channel's messages and sums their sizes, a scan of the
+    channel: each process reads it at most once per channel every `ttl` seconds (requests in
+    between, and those arriving while it is read, share the answer). Clients ask on every bind,
+    and an ordered consumer binds again after every gap."""
+
+    def __init__(self, load: Callable[[str], Awaitable[StreamState | None]], ttl: float = 1.0):
+        self._load = load
+        self._ttl = ttl
+        self._entries: dict[str, tuple[float, StreamState | None]] = {}
+        self._flights: dict[str, asyncio.Future[StreamState | None]] = {}
+
+    async def get(self, channel_id: str) -> StreamState | None:
+        now = asyncio.get_running_loop().time()
+        entry = self._entries.get(channel_id)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        flight = self._flights.get(channel_id)
+        if flight is None:
+            flight = asyncio.ensure_future(self._load(channel_id))
+            self._flights[channel_id] = flight
+            flight.add_done_callback(lambda _: self._flights.pop(channel_id, None))
+        state = await asyncio.shield(flight)
+        if len(self._entries) > MAX_STREAM_STATES:
+            self._entries.clear()
+        self._entries[channel_id] = (now + self._ttl, state)
+        return state
+
+
+MAX_STREAM_STATES = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class InfoLimits:
     max_waiting: int
@@ -90,6 +123,9 @@ class ApiHandler:
         manage: bool = True,
     ) -> None:
         self._service = service
+        self._streams = StreamStates(service.stream_state)
+        # Told of a consumer created with a history deliver policy (app/bridge/backfill.py).
+        self.created: Callable[[], None] = _nothing
         self._cache = cache
         self._engine = engine
         self._prefix = prefix
@@ -210,7 +246,7 @@ class ApiHandler:
                 json.loads(body)
             except ValueError:
                 return p.api_error(p.STREAM_INFO_TYPE, 400, 10025, "invalid JSON")
-        state = await self._service.stream_state(stream)
+        state = await self._streams.get(stream)
         if state is None:
             return p.stream_not_found(p.STREAM_INFO_TYPE)
         return p.stream_info(stream, state, datetime.now(UTC))
@@ -277,6 +313,9 @@ class ApiHandler:
             deliver_group=spec.deliver_group,
             idle_heartbeat=spec.idle_heartbeat,
             flow_control=spec.flow_control,
+            opt_start_seq=spec.opt_start_seq,
+            opt_start_time=spec.opt_start_time,
+            mem_storage=spec.mem_storage,
             push_bound=self._engine.push_bound(consumer),
             pause_until=consumer.paused_until,
         )
@@ -296,6 +335,8 @@ class ApiHandler:
         if created.changed:
             self._cache.forget(created.consumer.channel_id, created.consumer.id)
             self._engine.consumer_changed(created.consumer)
+            if created.consumer.options.backfilling:
+                self.created()
         return await self.info_document(created.consumer, kind)
 
     async def _refuse_management(self, stream: str, request: CreateRequest) -> None:
@@ -368,7 +409,7 @@ class ApiHandler:
         now = datetime.now(UTC)
         documents = []
         for name in names[offset : offset + p.CONSUMER_LIST_LIMIT]:
-            state = await self._service.stream_state(name)
+            state = await self._streams.get(name)
             if state is not None:  # deleted meanwhile
                 documents.append(p.stream_info_document(name, state, now))
         return p.stream_list(documents, len(names), offset)
@@ -429,6 +470,10 @@ def _create_target(tokens: list[str], request: CreateRequest) -> tuple[str, str]
     if int(config.get("num_replicas") or 0) > 1:
         raise jetstream_error(500, 10074, "replicas > 1 not supported in non-clustered mode")
     return stream, name
+
+
+def _nothing() -> None:
+    pass
 
 
 def _empty_request(body: bytes) -> bool:

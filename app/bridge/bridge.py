@@ -27,6 +27,7 @@ from app.bridge.acks import AckProcessor, InboundAck
 from app.bridge.activity import Activity
 from app.bridge.advisories import AdvisoryPublisher
 from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
+from app.bridge.backfill import Backfiller
 from app.bridge.client import client_options, tls_context
 from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
@@ -169,6 +170,8 @@ class Bridge:
             self.management,
             manage=config.allow_consumer_management,
         )
+        self.backfill = Backfiller(self.service.backfill())
+        self.api.created = self.backfill.wake
         self.acks = AckProcessor(self.service, self.cache.get, self.engine, self.out, self._publish)
         self.activity = Activity(self.service.mark_active, self.engine.num_waiting)
         self.engine.activity = self.activity
@@ -201,6 +204,9 @@ class Bridge:
             asyncio.create_task(self.activity.run(self._stop), name="bridge-activity")
         )
         self._tasks.append(asyncio.create_task(self.push.run(self._stop), name="bridge-push"))
+        self._tasks.append(
+            asyncio.create_task(self.backfill.run(self._stop), name="bridge-backfill")
+        )
         # Flow control replies: each bridge hears them all and takes those it asked for.
         self._subs.append(
             await self.nc.subscribe(f"{FLOW_CONTROL_PREFIX}.>", cb=self._flow_control_reply)

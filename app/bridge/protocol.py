@@ -865,6 +865,9 @@ class ConsumerView:
     idle_heartbeat: int = 0  # ns
     flow_control: bool = False
     push_bound: bool = False
+    opt_start_seq: int = 0
+    opt_start_time: datetime | None = None
+    mem_storage: bool = False
     pause_until: datetime | None = None  # CONSUMER.PAUSE's, kept after it passes
 
 
@@ -885,7 +888,12 @@ def consumer_info_document(
     )
     if view.description:
         config["description"] = view.description
-    config |= {"deliver_policy": view.deliver_policy, "ack_policy": view.ack_policy}
+    config["deliver_policy"] = view.deliver_policy
+    if view.opt_start_seq:
+        config["opt_start_seq"] = view.opt_start_seq
+    if view.opt_start_time is not None:
+        config["opt_start_time"] = rfc3339(view.opt_start_time)
+    config["ack_policy"] = view.ack_policy
     if view.ack_wait:  # omitempty, as Go writes it
         config["ack_wait"] = view.ack_wait
     config |= {
@@ -910,6 +918,8 @@ def consumer_info_document(
     if view.inactive_threshold:
         config["inactive_threshold"] = view.inactive_threshold
     config["num_replicas"] = 0
+    if view.mem_storage:
+        config["mem_storage"] = True
     if view.backoff:
         config["backoff"] = list(view.backoff)
     # nats-server's own keys beside the consumer's (server/jetstream_versioning.go): the API

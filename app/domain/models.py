@@ -92,6 +92,12 @@ class ConsumerOptions:
     deliver_group: str | None = None
     idle_heartbeat: int | None = None
     flow_control: bool = False
+    # Migration 0017: the start a history deliver policy was created with; mem_storage as
+    # asked; `backfilling`: the channel's stored messages are still being copied to it.
+    opt_start_seq: int | None = None
+    opt_start_time: datetime | None = None
+    mem_storage: bool = False
+    backfilling: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,10 @@ not support (those refusals are the only place a later feature has to change).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from app.domain.models import MAX_FIELD_LENGTH, Consumer
@@ -49,9 +51,10 @@ DELIVER_POLICIES = (
     "by_start_time",
     "last_per_subject",
 )
-# What the broker does today: a new consumer gets jobs for messages published from its creation
-# on, which is "all" while the channel holds no message.
-SUPPORTED_DELIVER_POLICIES = ("all", "new")
+# Every policy: `new` fans out from creation on, the others copy the channel's stored messages
+# from their start first (app/bridge/backfill.py). A channel has one subject, so
+# last_per_subject is `last`.
+SUPPORTED_DELIVER_POLICIES = DELIVER_POLICIES
 # AckNone: a job is DELIVERED as it is sent. AckAll would settle a job's predecessors too,
 # which the broker's per-job acks do not.
 SUPPORTED_ACK_POLICIES = ("explicit", "none")
@@ -285,6 +288,11 @@ class ConsumerSpec:
     deliver_group: str = ""
     idle_heartbeat: int = 0
     flow_control: bool = False
+    # A history deliver policy's start: the stream sequence (message pk) or the time (UTC,
+    # microseconds: the database keeps no finer); mem_storage as asked.
+    opt_start_seq: int = 0
+    opt_start_time: datetime | None = None
+    mem_storage: bool = False
 
     def metadata_dict(self) -> dict[str, str] | None:
         return dict(self.metadata) or None
@@ -427,7 +435,35 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         deliver_group=str(config.get("deliver_group") or "") if deliver_subject else "",
         idle_heartbeat=idle_heartbeat,
         flow_control=bool(config.get("flow_control")),
+        opt_start_seq=int(config.get("opt_start_seq") or 0),
+        opt_start_time=_start_time(config.get("opt_start_time")),
+        mem_storage=bool(config.get("mem_storage")),
     )
+
+
+# RFC 3339 as Go's time.Time unmarshals it, with up to nine fraction digits.
+_RFC3339 = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def _start_time(value: object) -> datetime | None:
+    """opt_start_time as a UTC datetime (sub-microsecond digits dropped); 10025 as Go's
+    json.Unmarshal refuses a time it cannot parse."""
+    if value is None:
+        return None
+    text = str(value)
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        raise _invalid_json(f'parsing time "{json.dumps(text)}" as "2006-01-02T15:04:05Z07:00"')
+    day, clock, fraction, zone = match.groups()
+    micros = (fraction or "").ljust(6, "0")[:6]
+    offset = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        parsed = datetime.fromisoformat(f"{day}T{clock}.{micros}{offset}")
+    except ValueError as exc:
+        raise _invalid_json(f'parsing time "{json.dumps(text)}": {exc}') from None
+    return parsed.astimezone(UTC)
 
 
 def _check_push(
@@ -459,7 +495,6 @@ def refuse_unsupported(
     name = spec.name
     deliver_subject = spec.deliver_subject
     ack_policy = spec.ack_policy
-    deliver_policy = spec.deliver_policy
     filter_subject = str(config.get("filter_subject") or "")
     filters = list(config.get("filter_subjects") or [])
     if len(name) > MAX_FIELD_LENGTH or "\x00" in name:
@@ -477,15 +512,12 @@ def refuse_unsupported(
             f"ack_policy {ack_policy}",
             "a broker consumer acknowledges each job (explicit) or none (none)",
         )
-    if deliver_policy not in SUPPORTED_DELIVER_POLICIES:
-        raise unsupported(f"deliver_policy {deliver_policy}", "use all or new")
     if spec.replay_policy != "instant":
         raise unsupported("replay_policy original", "jobs are delivered as soon as they are due")
     for setting in (
         "sample_freq",
         "headers_only",
         "max_bytes",
-        "mem_storage",
         "sourcing",
     ):
         if _nonzero(config, setting):
@@ -522,22 +554,10 @@ def refuse_unsupported(
             raise unsupported(f"{setting} {value}", f"at most {MAX_INTEGER}")
 
 
-def refuse_history(spec: ConsumerSpec, stream: str) -> None:
-    """A new consumer gets jobs for the messages published from its creation on: that is
-    deliver policy `all` only while the channel holds no message."""
-    if spec.deliver_policy == "all":
-        raise unsupported(
-            "deliver_policy all on a channel that holds messages",
-            f"a new consumer of {stream!r} gets jobs for messages published from its creation "
-            "on: use deliver_policy new",
-        )
-
-
 _WHY = {
     "sample_freq": "the bridge sends no ack sampling advisories",
     "headers_only": "jobs are delivered with their payload",
     "max_bytes": "the bridge limits a request's bytes only as the request asks",
-    "mem_storage": "jobs are stored in the broker's database",
     "sourcing": "it is for stream sourcing",
 }
 
@@ -652,6 +672,9 @@ def spec_of(consumer: Consumer, limits: ProcessLimits) -> ConsumerSpec:
         deliver_group=options.deliver_group or "",
         idle_heartbeat=options.idle_heartbeat or 0,
         flow_control=options.flow_control,
+        opt_start_seq=options.opt_start_seq or 0,
+        opt_start_time=options.opt_start_time,
+        mem_storage=options.mem_storage,
     )
 
 
@@ -659,6 +682,10 @@ def check_update(current: ConsumerSpec, wanted: ConsumerSpec) -> None:
     """checkNewConsumerConfig: what an existing consumer may not change (500 10012)."""
     if current.deliver_policy != wanted.deliver_policy:
         raise create_error("deliver policy can not be updated")
+    if current.opt_start_seq != wanted.opt_start_seq:
+        raise create_error("start sequence can not be updated")
+    if current.opt_start_time != wanted.opt_start_time:
+        raise create_error("start time can not be updated")
     if current.ack_policy != wanted.ack_policy:
         raise create_error("ack policy can not be updated")
     if current.replay_policy != wanted.replay_policy:
@@ -697,7 +724,18 @@ def column_values(spec: ConsumerSpec) -> dict[str, Any]:
         "deliver_group": spec.deliver_group or None,
         "idle_heartbeat": spec.idle_heartbeat or None,
         "flow_control": spec.flow_control,
+        "opt_start_seq": spec.opt_start_seq or None,
+        "opt_start_time": spec.opt_start_time,
+        "mem_storage": spec.mem_storage,
     }
+
+
+# The deliver policies whose consumer starts by copying the channel's stored messages.
+HISTORY_POLICIES = ("all", "last", "last_per_subject", "by_start_sequence", "by_start_time")
+
+
+def delivers_history(spec: ConsumerSpec) -> bool:
+    return spec.deliver_policy in HISTORY_POLICIES
 
 
 def required_level(spec: ConsumerSpec) -> int:

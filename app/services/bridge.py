@@ -15,6 +15,7 @@ from app.domain.nats_consumers import ProcessLimits
 from app.domain.pulls import AckItem
 from app.services.acking import AckBatch, AckService
 from app.services.admin import AdminService
+from app.services.backfill import BackfillService
 from app.services.claiming import ClaimSource
 from app.services.consumer_management import ConsumerManagement
 from app.services.consumer_state import ConsumerSnapshot, snapshot
@@ -98,6 +99,10 @@ class BridgeService:
     def management(self, tokens: TokenKeys, limits: ProcessLimits) -> ConsumerManagement:
         """Consumer management over NATS, deleting through the management API's service."""
         return ConsumerManagement(self._db, AdminService(self._db, tokens), limits)
+
+    def backfill(self) -> BackfillService:
+        """Copying new consumers' history (app/bridge/backfill.py)."""
+        return BackfillService(self._db)
 
     async def mark_active(self, consumer_pks: list[int]) -> None:
         """Consumers with an inactive threshold in use just now (app/bridge/activity.py)."""

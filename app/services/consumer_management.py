@@ -21,16 +21,18 @@ from app.domain.nats_consumers import (
     check_config,
     check_update,
     column_values,
+    delivers_history,
     jetstream_error,
-    refuse_history,
     refuse_unsupported,
     spec_of,
 )
 from app.domain.nats_pauses import config_pause
 from app.domain.priority import PriorityConfigError, priority_settings
 from app.services.admin import AdminService, new_token
+from app.services.backfill import CHUNK
+from app.store.backfill import BackfillStore
 from app.store.bridge import BridgeStore
-from app.store.db import Database
+from app.store.db import Database, Tx
 from app.store.pauses import PauseStore
 from app.store.stakeholders import ConsumerStore, channels
 
@@ -102,8 +104,10 @@ class ConsumerManagement:
                 if request.action == "update":
                     raise jetstream_error(400, 10149, "consumer does not exist")
                 refuse_unsupported(wanted, request.config, stream, self.limits)
-                if wanted.deliver_policy == "all" and await BridgeStore(tx).holds_messages(stream):
-                    refuse_history(wanted, stream)
+                history = delivers_history(wanted)
+                if history:
+                    # Publishes to the channel wait while its first chunk is copied (below).
+                    await BackfillStore(tx).lock_channel(stream)
                 now = datetime.now(UTC)
                 created = await store.insert(
                     {
@@ -122,6 +126,8 @@ class ConsumerManagement:
                 if created is None:
                     # Another request created it between the look-up and the insert.
                     raise jetstream_error(400, 10148, "consumer already exists")
+                if history:
+                    created = await self._backfill(tx, created, wanted)
                 tx.announce_change([created.pk])
                 return Created(created, True)
             if existing.type is not ConsumerType.PULL:
@@ -164,6 +170,22 @@ class ConsumerManagement:
                 raise consumer_not_found()
             tx.announce_change([changed.pk])
         return changed
+
+    async def _backfill(self, tx: Tx, created: Consumer, wanted: ConsumerSpec) -> Consumer:
+        """Its jobs for the channel's stored messages first: the first chunk here, with the
+        channel locked (so a short history goes live at once, as app/services/backfill.py's
+        switch does); the rest by the bridges (app/bridge/backfill.py), publishes fanning
+        out to it once they are done."""
+        backfill = BackfillStore(tx)
+        start = await backfill.start_at(
+            created.channel_id, wanted.deliver_policy, wanted.opt_start_seq, wanted.opt_start_time
+        )
+        await backfill.begin(created.pk, start)
+        done = await backfill.copy(created.pk, start, CHUNK)
+        if done is not None and done[0] < CHUNK:
+            await backfill.go_live(created.pk, created.channel_id, done[1])
+            return created
+        return replace(created, options=replace(created.options, backfilling=True))
 
     async def delete(self, stream: str, name: str) -> Consumer:
         """The management API's delete, without its If-Unmodified-Since (NATS has none)."""

@@ -19,6 +19,9 @@ from app.domain.models import LedgerEntry
 from app.store.db import Tx, upsert
 from app.store.schema import channel, consumer, job_count, job_removed, published_count
 
+# A generation no channel reaches: a consumer copying its history is owed no publish.
+SUSPENDED = 2**62
+
 
 def _shard(dialect: str) -> ColumnElement[Any]:
     """The connection's own counter row, so concurrent writers never queue on one row (SQLite
@@ -43,6 +46,25 @@ class LedgerStore:
         )
         value: int | None = (await self._tx.conn.execute(bumped)).scalar_one_or_none()
         return value
+
+    async def suspend(self, consumer_pk: int) -> None:
+        """A consumer that copies its channel's history first (app/bridge/backfill.py): owed no
+        publish until it goes live (publishes do not fan out to it meanwhile); each job copied
+        is added to its opening balance instead (app/store/backfill.py)."""
+        await self._tx.conn.execute(
+            update(consumer).where(consumer.c.pk == consumer_pk).values(ledger_from=SUSPENDED)
+        )
+
+    async def go_live(self, consumer_pk: int, channel_id: str, cursor: int) -> bool:
+        """The consumer live from the channel's next generation on: owed every publish that
+        fans out to it, as a consumer created now is. False: its copy is not at `cursor`."""
+        born = await self.next_generation(channel_id)
+        live = (
+            update(consumer)
+            .where(consumer.c.pk == consumer_pk, consumer.c.backfill_next == cursor)
+            .values(backfill_next=None, ledger_from=born)
+        )
+        return bool((await self._tx.conn.execute(live)).rowcount)
 
     async def published(self, channel_id: str) -> None:
         """One message published to the channel, under the generation this transaction sees

@@ -110,7 +110,11 @@ class MessageStore:
                     db_now if scheduled_for is None else literal(scheduled_for, Timestamp()),
                     db_now,
                     db_now,
-                ).where(consumer.c.channel_id == channel_id),
+                ).where(
+                    consumer.c.channel_id == channel_id,
+                    # Still copying its history (app/bridge/backfill.py): not fanned out to.
+                    consumer.c.backfill_next.is_(None),
+                ),
             )
             .returning(job.c.consumer_pk)
         )

@@ -166,6 +166,7 @@ WITH allowed AS (
            coalesce(stored.scheduled_for, stored.received_at), stored.received_at,
            stored.received_at
     FROM stored JOIN consumer ON consumer.channel_id = %(channel_id)s
+        AND consumer.backfill_next IS NULL  -- still copying its history: app/bridge/backfill
     RETURNING consumer_pk
 ), counted AS (
     -- The delivery ledger (app/store/ledger.py): under the generation read in the snapshot

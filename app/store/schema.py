@@ -124,12 +124,24 @@ consumer = Table(
     Column("flow_control", Boolean(), nullable=False, server_default=false()),
     # Migration 0015: claims and pushes stop until then (NULL or past: running).
     Column("paused_until", Timestamp(), nullable=True),
+    # Migration 0017: the next message pk to copy while the consumer's history is being
+    # backfilled (NULL: live, publishes fan out to it), its start options, mem_storage asked.
+    Column("backfill_next", BigInteger(), nullable=True),
+    Column("opt_start_seq", BigInteger(), nullable=True),
+    Column("opt_start_time", Timestamp(), nullable=True),
+    Column("mem_storage", Boolean(), nullable=False, server_default=false()),
     UniqueConstraint("channel_id", "consumer_id"),
     Index(
         "ix_consumer_inactive",
         "inactive_threshold",
         postgresql_where=text("inactive_threshold IS NOT NULL"),
         sqlite_where=text("inactive_threshold IS NOT NULL"),
+    ),
+    Index(
+        "ix_consumer_backfill",
+        "backfill_next",
+        postgresql_where=text("backfill_next IS NOT NULL"),
+        sqlite_where=text("backfill_next IS NOT NULL"),
     ),
 )
 

@@ -85,6 +85,10 @@ def consumer_from_row(row: Row[Any]) -> Consumer:
             deliver_group=row.deliver_group,
             idle_heartbeat=row.idle_heartbeat,
             flow_control=bool(row.flow_control),
+            opt_start_seq=row.opt_start_seq,
+            opt_start_time=row.opt_start_time,
+            mem_storage=bool(row.mem_storage),
+            backfilling=row.backfill_next is not None,
         ),
         paused_until=row.paused_until,
     )

@@ -370,7 +370,6 @@ REFUSED: dict[str, dict[str, Any]] = {
         "rate_limit_bps": 1000,
     },
     "ack_all": {"durable_name": "n", "ack_policy": "all"},
-    "deliver_last": {"durable_name": "l", "ack_policy": "explicit", "deliver_policy": "last"},
     "sub_second_ack_wait": {"durable_name": "s", "ack_policy": "explicit", "ack_wait": NANOS // 2},
     "other_subject": {"durable_name": "o", "ack_policy": "explicit", "filter_subject": "x"},
     "headers_only": {"durable_name": "h", "ack_policy": "explicit", "headers_only": True},
@@ -378,7 +377,6 @@ REFUSED: dict[str, dict[str, Any]] = {
 REFUSED_WORDS = {
     "push_rate_limit": "rate_limit_bps",
     "ack_all": "ack_policy all",
-    "deliver_last": "deliver_policy last",
     "sub_second_ack_wait": "ack_wait",
     "other_subject": "filter_subject x",
     "headers_only": "headers_only",
@@ -399,22 +397,6 @@ async def test_what_the_broker_cannot_honour_is_refused_by_name(
             error = answer["error"]
             assert error["code"] == 400, (key, error)
             assert REFUSED_WORDS[key] in error["description"], (key, error)
-        # deliver_policy all on a channel with messages: the consumer would miss them.
-        await publish_http(client, ["old"])
-        answer = await request(
-            nc,
-            "CONSUMER.CREATE.orders.late",
-            create_body({"durable_name": "late", "ack_policy": "explicit"}),
-        )
-        assert "deliver_policy all" in answer["error"]["description"], answer
-        answer = await request(
-            nc,
-            "CONSUMER.CREATE.orders.late",
-            create_body(
-                {"durable_name": "late", "ack_policy": "explicit", "deliver_policy": "new"}
-            ),
-        )
-        assert "error" not in answer and answer["config"]["deliver_policy"] == "new", answer
     finally:
         await nc.close()
 
