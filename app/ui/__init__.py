@@ -4,6 +4,7 @@ from the package, so it works offline and needs no build step."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -12,6 +13,7 @@ from starlette.staticfiles import StaticFiles
 from app.config import Config
 
 STATIC = Path(__file__).parent / "static"
+log = logging.getLogger(__name__)
 
 
 def console_enabled(config: Config) -> bool:
@@ -26,5 +28,14 @@ def install_console(app: FastAPI, config: Config) -> None:
         return
     from app.ui.routes import router  # Jinja2 loads only where the console is served
 
+    http = config.http
+    if not (http.admin_token or http.reader_token):
+        log.warning(
+            "the console at /ui is open without a token on the loopback listener %s:%d: "
+            "anyone on this machine signs in as admin; it answers only requests to localhost, "
+            "127.0.0.1 or [::1]",
+            http.host,
+            http.port,
+        )
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")

@@ -30,6 +30,10 @@ HISTORY = 120  # samples kept per consumer (10 minutes at the heartbeat)
 Key = tuple[str, str]
 
 
+class LiveFull(Exception):
+    """As many pages are open as the process serves."""
+
+
 @dataclass
 class Series:
     """A consumer's recent samples: time (unix seconds), deliveries a second, depth."""
@@ -53,10 +57,13 @@ class LiveOverview:
         console: ConsoleService,
         signals: Signals,
         render: Callable[[Snapshot, bool], str],
+        *,
+        max_pages: int,
     ) -> None:
         self._console = console
         self._signals = signals
         self._render = render
+        self.max_pages = max_pages
         # Each open page's queue, and whether it may act (the table's action links).
         self._subscribers: dict[asyncio.Queue[str], bool] = {}
         self._history: dict[Key, Series] = {}
@@ -98,10 +105,16 @@ class LiveOverview:
         for gone in set(self._history) - seen:
             del self._history[gone]
 
+    @property
+    def full(self) -> bool:
+        return len(self._subscribers) >= self.max_pages
+
     @contextlib.asynccontextmanager
     async def subscribe(self, can_act: bool) -> AsyncIterator[asyncio.Queue[str]]:
         """A queue that receives each rendered update (only the newest is kept for a slow
-        reader)."""
+        reader); LiveFull when max_pages are open already."""
+        if self.full:
+            raise LiveFull
         queue: asyncio.Queue[str] = asyncio.Queue(maxsize=1)
         self._subscribers[queue] = can_act
         if self._task is None or self._task.done():

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +30,15 @@ from app.domain.pulls import ConsumerCredentials
 from app.domain.redrives import DEFAULT_PER_SECOND, MAX_PER_SECOND, RedriveRequest
 from app.services.console import ConsoleService
 from app.services.signals import Signals
-from app.ui.live import LiveOverview, Snapshot
-from app.ui.sessions import COOKIE, LIFETIME_SECONDS, PRE_COOKIE, Session, Sessions
+from app.ui.live import LiveFull, LiveOverview, Snapshot
+from app.ui.sessions import (
+    COOKIE,
+    LIFETIME_SECONDS,
+    PRE_COOKIE,
+    FailedSignIns,
+    Session,
+    Sessions,
+)
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -86,7 +95,67 @@ class Console:
     def __init__(self, rt: ConsoleServices) -> None:
         self.rt = rt
         self.sessions = Sessions(rt.config)
-        self.live = LiveOverview(rt.console, rt.signals, render_rows)
+        http = rt.config.http
+        # Each open page holds one of the listener's connections for as long as it is open.
+        self.live = LiveOverview(
+            rt.console, rt.signals, render_rows, max_pages=max_live_pages(http.max_concurrency)
+        )
+        self.failures = FailedSignIns()
+        self.hosts = loopback_hosts(http.host)
+
+
+MAX_LIVE_PAGES = 64
+KEEP_ALIVE = 15.0
+
+
+def max_live_pages(max_concurrency: int) -> int:
+    """Open overview pages per API process: MAX_LIVE_PAGES, and never more than a quarter of
+    the connections the listener serves, so pages left open cannot crowd out the API."""
+    return max(1, min(MAX_LIVE_PAGES, max_concurrency // 4))
+
+
+def loopback_hosts(listener_host: str) -> frozenset[str]:
+    """The Host names an open console answers: the loopback names, and the listener's own
+    address when it is a loopback one (127.0.0.2)."""
+    names = {"localhost", "127.0.0.1", "[::1]"}
+    host = listener_host.strip("[]").lower()
+    if host and host != "localhost":
+        names.add(f"[{host}]" if ":" in host else host)
+    return frozenset(names)
+
+
+def host_allowed(value: str, names: frozenset[str]) -> bool:
+    """Whether a Host header names one of these hosts, with or without a port. A page served
+    from another name that resolves to 127.0.0.1 (DNS rebinding) sends that other name."""
+    host = value.strip().lower()
+    name, port = host, ""
+    if host.startswith("["):
+        end = host.find("]")
+        if end < 0:
+            return False
+        name, rest = host[: end + 1], host[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                return False
+            port = rest[1:]
+            if not port:
+                return False
+    elif ":" in host:
+        name, _, port = host.partition(":")
+        if not port:
+            return False
+    if port and not (port.isascii() and port.isdigit() and len(port) <= 5):
+        return False
+    return name in names
+
+
+class _Refused(Exception):
+    """A refusal the API's errors have no status for (429, 503), shown as the error page."""
+
+    def __init__(self, status: int, detail: str, retry_after: int) -> None:
+        self.status = status
+        self.detail = detail
+        self.retry_after = retry_after
 
 
 def console_of(request: Request) -> Console:
@@ -110,7 +179,25 @@ class ConsoleRoute(APIRoute):
 
         async def guarded(request: Request) -> Response:
             try:
+                console = console_of(request)
+                if console.sessions.open and not host_allowed(
+                    request.headers.get("host", ""), console.hosts
+                ):
+                    # With no token, signing in needs nothing but reaching the listener: only a
+                    # request to a loopback name may, not a page that rebound its own name here.
+                    raise Forbidden(
+                        "this console has no token and answers only requests to localhost, "
+                        "127.0.0.1 or [::1]; set [http] admin-token to reach it by another name"
+                    )
                 response = await handler(request)
+            except _Refused as exc:
+                response = _page(
+                    request,
+                    "error.html",
+                    {"status": exc.status, "detail": exc.detail},
+                    status_code=exc.status,
+                )
+                response.headers["Retry-After"] = str(exc.retry_after)
             except _SignIn as exc:
                 target = "/ui/signin?" + urlencode({"next": exc.path})
                 response = RedirectResponse(target, status_code=303)
@@ -227,7 +314,13 @@ async def signin_form(request: Request, next: str | None = None) -> Response:
         {"open": console.sessions.open, "signin_csrf": token, "next": _safe_next(next)},
     )
     response.set_cookie(
-        PRE_COOKIE, token, max_age=600, httponly=True, samesite="strict", path="/ui"
+        PRE_COOKIE,
+        token,
+        max_age=600,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/ui",
     )
     return response
 
@@ -240,11 +333,20 @@ async def signin(request: Request) -> Response:
     given = form.get("csrf", "")
     if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
         raise Forbidden("the sign-in form's CSRF token is missing or wrong; reload the page")
+    address = request.client.host if request.client else ""
+    wait = console.failures.wait(address)
+    if wait > 0:
+        raise _Refused(
+            429,
+            f"too many failed sign-ins from this address; try again in {math.ceil(wait)} seconds",
+            math.ceil(wait),
+        )
     if console.sessions.open:
         role: str | None = "admin"  # no token configured: the API is open to this listener
     else:
         role = console.sessions.role_of_token(form.get("token", "").strip())
     if role is None:
+        console.failures.failed(address)
         return _page(
             request,
             "signin.html",
@@ -342,19 +444,37 @@ async def overview(request: Request) -> Response:
 async def events(request: Request) -> Response:
     """The overview's table, pushed as server-sent events (`overview`) whenever it changes."""
     session = _viewer(request)
-    live = console_of(request).live
+    console = console_of(request)
+    live = console.live
+    cookie = request.cookies.get(COOKIE)
+    if live.full:
+        raise _Refused(
+            503,
+            f"{live.max_pages} overview pages are open on this API process already; close one "
+            "or reload later",
+            30,
+        )
+
+    def signed_in() -> bool:
+        # The session is read again: it ends at its expiry, and when its token changes.
+        return time.time() < session.expires and console.sessions.read(cookie) is not None
 
     async def stream() -> AsyncIterator[str]:
-        async with live.subscribe(session.actor.can_act) as queue:
-            yield ": connected\n\n"
-            while True:
-                try:
-                    html = await asyncio.wait_for(queue.get(), 15)
-                except TimeoutError:
-                    yield ": keep-alive\n\n"  # finds a closed connection, keeps proxies open
-                    continue
-                data = "".join(f"data: {line}\n" for line in html.splitlines())
-                yield f"event: overview\n{data}\n"
+        try:
+            async with live.subscribe(session.actor.can_act) as queue:
+                yield ": connected\n\n"
+                while signed_in():
+                    wait = min(KEEP_ALIVE, max(0.0, session.expires - time.time()))
+                    try:
+                        html = await asyncio.wait_for(queue.get(), wait)
+                    except TimeoutError:
+                        yield ": keep-alive\n\n"  # finds a closed connection, keeps proxies open
+                        continue
+                    data = "".join(f"data: {line}\n" for line in html.splitlines())
+                    yield f"event: overview\n{data}\n"
+        except LiveFull:
+            # Filled between the check above and now: the page's stream ends at once.
+            yield ": full\n\n"
 
     return StreamingResponse(
         stream(),
