@@ -71,7 +71,10 @@ async def test_a_stream_ends_when_its_session_expires(
     config: Config, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("app.ui.sessions.LIFETIME_SECONDS", 2)
-    async with served(config, runtime) as url, httpx.AsyncClient(base_url=url) as client:
+    async with (
+        served(config, runtime) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
         assert (await _signin(client, ADMIN)).status_code == 303
         async with client.stream("GET", "/ui/events") as stream:
             assert stream.status_code == 200
