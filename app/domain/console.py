@@ -15,6 +15,9 @@ PAGE_SIZE = 50
 # A payload search reads at most this many jobs of the window per page: a search over a
 # 10M-row table costs a bounded read, and the page says how far it got.
 SCAN_ROWS = 5_000
+# A field search parses payloads, so it reads at most this many bytes of them per page or bulk
+# action, newest first (and the one that crosses it): the page says where it stopped.
+PAYLOAD_BUDGET = 32 * 1024 * 1024
 # A bulk action acts on at most this many jobs; the confirmation says so when there are more.
 BULK_LIMIT = 10_000
 DEFAULT_WINDOW = timedelta(hours=24)
@@ -224,7 +227,8 @@ class AuditEntry:
 @dataclass(frozen=True, slots=True)
 class SearchPage:
     """A page of a job search: its jobs, newest first; `next_before` continues it (None: no
-    more); `scanned` rows of the window were read for a payload search."""
+    more); `scanned` rows of the window were read for a payload search. Its messages carry no
+    payload (b""): the list shows none, and the job page reads its own."""
 
     jobs: list[ClaimedJob]
     next_before: int | None

@@ -12,6 +12,7 @@ from app.domain.attempts import Attempt, attempts_of
 from app.domain.console import (
     BULK_LIMIT,
     PAGE_SIZE,
+    PAYLOAD_BUDGET,
     SCAN_ROWS,
     Actor,
     AuditEntry,
@@ -52,6 +53,9 @@ class Matching:
 
     ids: list[int]
     more: bool
+    # A field search read PAYLOAD_BUDGET bytes of payloads before the window's end: older
+    # jobs were not looked at (a narrower window reaches them).
+    cut: bool = False
 
 
 class ConsoleService:
@@ -79,23 +83,39 @@ class ConsoleService:
     async def search(
         self, channel_id: str, consumer_id: str, which: JobFilter, before: int | None
     ) -> SearchPage:
-        async def read(tx: Tx) -> tuple[list[ClaimedJob], int | None, int]:
+        async def read(tx: Tx) -> tuple[list[ClaimedJob], int | None, int, bool]:
             found = await _consumer(tx, channel_id, consumer_id)
             return await ConsoleStore(tx).search(
-                found.pk, channel_id, which, before=before, limit=PAGE_SIZE + 1, scan=SCAN_ROWS
+                found.pk,
+                channel_id,
+                which,
+                before=before,
+                limit=PAGE_SIZE + 1,
+                scan=SCAN_ROWS,
+                budget=PAYLOAD_BUDGET,
             )
 
-        rows, lowest, scanned = await self._reads.read(read)
+        rows, lowest, scanned, cut = await self._reads.read(read)
         if which.payload is None:
             more = len(rows) > PAGE_SIZE
             rows = rows[:PAGE_SIZE]
             return SearchPage(rows, rows[-1].job.id if more and rows else None)
         query = which.payload
-        hits = [r for r in rows if query.matches(r.message.payload)]
+        if query.field:
+            # Matched here, then the payloads dropped: the page lists no payload.
+            hits = [
+                ClaimedJob(r.job, r.message._replace(payload=b""))
+                for r in rows
+                if query.matches(r.message.payload)
+            ]
+        else:
+            hits = rows  # the database's byte match is exact
         if len(hits) > PAGE_SIZE:
             return SearchPage(hits[:PAGE_SIZE], hits[PAGE_SIZE - 1].job.id, scanned)
-        # The window read ended below the page: the next page reads on from its lowest id.
-        next_before = lowest if scanned >= SCAN_ROWS and lowest is not None else None
+        # The read ended above the window's end (the row limit, or a field search's byte
+        # budget): the next page reads on from the lowest id it read.
+        more = cut or scanned >= SCAN_ROWS
+        next_before = lowest if more and lowest is not None else None
         return SearchPage(hits, next_before, scanned)
 
     async def job(self, channel_id: str, consumer_id: str, job_id: int) -> ClaimedJob:
@@ -225,10 +245,13 @@ async def _consumer(tx: Tx, channel_id: str, consumer_id: str) -> Consumer:
 async def _matching(tx: Tx, found: Consumer, which: JobFilter) -> Matching:
     # One more than the limit read, to tell "exactly the limit" from "more".
     scan = BULK_LIMIT + 1 if which.payload is None else SCAN_ROWS * 10
-    rows = await ConsoleStore(tx).matching(found.pk, found.channel_id, which, scan=scan)
+    rows, cut = await ConsoleStore(tx).matching(
+        found.pk, found.channel_id, which, scan=scan, budget=PAYLOAD_BUDGET
+    )
     query = which.payload
-    ids = [i for i, payload in rows if query is None or query.matches(payload or b"")]
-    return Matching(ids[:BULK_LIMIT], len(ids) > BULK_LIMIT)
+    # No payload: the database settled it (no search, or a text search's exact byte match).
+    ids = [i for i, payload in rows if payload is None or query is None or query.matches(payload)]
+    return Matching(ids[:BULK_LIMIT], len(ids) > BULK_LIMIT, cut)
 
 
 def _dead_only(which: JobFilter) -> None:

@@ -4,6 +4,11 @@ search, the bulk moves of dead jobs by id, and the audit log.
 The overview is one statement for every consumer: its counts come from job_count (a few rows a
 consumer), "due" is counted up to DUE_CAP along the claim index, and the oldest due job is one
 step into ix_job_consumer_status. Nothing here counts a consumer's job rows whole.
+
+A job list reads no payloads (it shows none; the job page reads its one). A text search is
+settled by the database's byte match, so it reads none either; a field search must parse them,
+and reads them newest first only up to a byte budget (a running sum the database keeps), so
+that a search matching thousands of large payloads costs a bounded read.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, ScalarSelect, delete, func, insert, literal, select, update
 
-from app.domain.console import DUE_CAP, AuditEntry, ConsumerRow, JobFilter
+from app.domain.console import DUE_CAP, AuditEntry, ConsumerRow, JobFilter, PayloadQuery
 from app.domain.models import Breaker, ClaimedJob
 from app.store.db import Tx, now
 from app.store.jobs import DEAD, QUEUED, job_from_row, status_is
@@ -143,6 +148,23 @@ class ConsoleStore:
             return func.position(given.op("IN")(message.c.payload)) > 0
         return func.instr(message.c.payload, given) > 0
 
+    def _candidates(self, where: list[Any], query: PayloadQuery, scan: int) -> Any:
+        """The window's jobs whose payload holds the needle, each with its payload's size, the
+        running sum of sizes newest first, and how many there are."""
+        window = select(job.c.id).where(*where).order_by(job.c.id.desc()).limit(scan).cte("window")
+        size = func.length(message.c.payload)
+        return (
+            select(
+                job.c.id.label("id"),
+                size.label("size"),
+                func.sum(size).over(order_by=job.c.id.desc()).label("running"),
+                func.count().over().label("total"),
+            )
+            .select_from(job.join(message, message.c.pk == job.c.message_pk))
+            .where(job.c.id.in_(select(window.c.id)), self._contains(query.needle))
+            .cte("candidates")
+        )
+
     async def search(
         self,
         consumer_pk: int,
@@ -152,50 +174,90 @@ class ConsoleStore:
         before: int | None,
         limit: int,
         scan: int,
-    ) -> tuple[list[ClaimedJob], int | None, int]:
-        """Jobs of the filter, newest first, below `before`: at most `limit`. With a payload
-        search, only the `scan` newest jobs of the filter below `before` are read; the answer
-        says how many were and the lowest id read (where the next page goes on)."""
+        budget: int,
+    ) -> tuple[list[ClaimedJob], int | None, int, bool]:
+        """Jobs of the filter, newest first, below `before`: at most `limit`, without their
+        payloads. With a payload search, only the `scan` newest jobs of the filter below
+        `before` are read; the answer says how many were and the lowest id read (where the
+        next page goes on). A field search's rows come with their payloads, newest first
+        until `budget` bytes of them (the row that crosses it included); if that stopped the
+        read above the window's end, the last element is True and the lowest id read is
+        where the read stopped."""
         where = self._where(consumer_pk, channel_id, which)
         if before is not None:
             where.append(job.c.id < before)
         joined = job.join(message, message.c.pk == job.c.message_pk)
-        columns = (*job.c, *[c.label(f"m_{c.name}") for c in message.c])
+        listed = (*job.c, *[c.label(f"m_{c.name}") for c in message.c if c.name != "payload"])
         if which.payload is None:
             query = (
-                select(*columns).select_from(joined).where(*where).order_by(job.c.id.desc())
+                select(*listed).select_from(joined).where(*where).order_by(job.c.id.desc())
             ).limit(limit)
             rows = list(await self._tx.conn.execute(query))
-            return [_claimed(r) for r in rows], None, 0
+            return [_claimed(r) for r in rows], None, 0, False
         window = select(job.c.id).where(*where).order_by(job.c.id.desc()).limit(scan).cte("window")
         stats = select(func.count(), func.min(window.c.id)).select_from(window)
         scanned, lowest = (await self._tx.conn.execute(stats)).one()
+        if not which.payload.field:
+            query = (
+                select(*listed)
+                .select_from(joined)
+                .where(job.c.id.in_(select(window.c.id)), self._contains(which.payload.needle))
+                .order_by(job.c.id.desc())
+            )
+            rows = list(await self._tx.conn.execute(query))
+            return [_claimed(r) for r in rows], lowest, int(scanned), False
+        candidates = self._candidates(where, which.payload, scan)
         query = (
-            select(*columns)
-            .select_from(joined)
-            .where(job.c.id.in_(select(window.c.id)), self._contains(which.payload.needle))
+            select(*listed, message.c.payload.label("m_payload"), candidates.c.total)
+            .select_from(joined.join(candidates, candidates.c.id == job.c.id))
+            .where(candidates.c.running - candidates.c.size < budget)
             .order_by(job.c.id.desc())
         )
         rows = list(await self._tx.conn.execute(query))
-        return [_claimed(r) for r in rows], lowest, int(scanned)
+        cut = bool(rows) and len(rows) < rows[0].total
+        if cut:
+            # The budget ran out above the window's end: the page read down to its last row.
+            lowest = rows[-1].id
+            above = select(func.count()).select_from(window).where(window.c.id >= lowest)
+            scanned = (await self._tx.conn.execute(above)).scalar_one()
+        return [_claimed(r) for r in rows], lowest, int(scanned), cut
 
     async def matching(
-        self, consumer_pk: int, channel_id: str, which: JobFilter, *, scan: int
-    ) -> list[tuple[int, bytes | None]]:
-        """Ids of the filter's jobs, newest first, at most `scan` of them read; with a payload
-        search each comes with its payload (narrowed by the database, settled by the caller)."""
+        self, consumer_pk: int, channel_id: str, which: JobFilter, *, scan: int, budget: int
+    ) -> tuple[list[tuple[int, bytes | None]], bool]:
+        """Ids of the filter's jobs, newest first, at most `scan` of them read, and whether a
+        field search's byte budget ended the read early. A field search's ids come with their
+        payloads (narrowed by the database, settled by the caller), newest first until
+        `budget` bytes (the row that crosses it included); the others' need no check."""
         where = self._where(consumer_pk, channel_id, which)
         if which.payload is None:
             query = select(job.c.id).where(*where).order_by(job.c.id.desc()).limit(scan)
-            return [(row.id, None) for row in await self._tx.conn.execute(query)]
-        window = select(job.c.id).where(*where).order_by(job.c.id.desc()).limit(scan).cte("window")
+            return [(row.id, None) for row in await self._tx.conn.execute(query)], False
+        if not which.payload.field:
+            window = (
+                select(job.c.id).where(*where).order_by(job.c.id.desc()).limit(scan).cte("window")
+            )
+            query = (
+                select(job.c.id)
+                .select_from(job.join(message, message.c.pk == job.c.message_pk))
+                .where(job.c.id.in_(select(window.c.id)), self._contains(which.payload.needle))
+                .order_by(job.c.id.desc())
+            )
+            return [(row.id, None) for row in await self._tx.conn.execute(query)], False
+        candidates = self._candidates(where, which.payload, scan)
         query = (
-            select(job.c.id, message.c.payload)
-            .select_from(job.join(message, message.c.pk == job.c.message_pk))
-            .where(job.c.id.in_(select(window.c.id)), self._contains(which.payload.needle))
+            select(job.c.id, message.c.payload, candidates.c.total)
+            .select_from(
+                job.join(message, message.c.pk == job.c.message_pk).join(
+                    candidates, candidates.c.id == job.c.id
+                )
+            )
+            .where(candidates.c.running - candidates.c.size < budget)
             .order_by(job.c.id.desc())
         )
-        return [(row.id, bytes(row.payload)) for row in await self._tx.conn.execute(query)]
+        rows = list(await self._tx.conn.execute(query))
+        cut = bool(rows) and len(rows) < rows[0].total
+        return [(row.id, bytes(row.payload)) for row in rows], cut
 
     async def requeue_dead(self, consumer_pk: int, ids: Sequence[int]) -> int:
         """These DEAD jobs of the consumer back to QUEUED, as a requeue does (the ones no longer
@@ -253,5 +315,6 @@ class ConsoleStore:
 
 
 def _claimed(row: Any) -> ClaimedJob:
-    fields = {c.name: row._mapping[f"m_{c.name}"] for c in message.c}
+    # A listed row has no payload column: its message says b"" (the list shows no payload).
+    fields = {c.name: row._mapping.get(f"m_{c.name}", b"") for c in message.c}
     return ClaimedJob(job_from_row(row), message_from_mapping(fields))

@@ -23,7 +23,13 @@ from starlette.templating import Jinja2Templates
 
 from app.api.deps import ApiServices, urlencoded_form
 from app.api.errors import status_for
-from app.domain.console import BULK_LIMIT, JobFilter, parse_job_filter
+from app.domain.console import (
+    BULK_LIMIT,
+    PAYLOAD_BUDGET,
+    SCAN_ROWS,
+    JobFilter,
+    parse_job_filter,
+)
 from app.domain.errors import BrokerError, Forbidden, InvalidInput, NotFound, Unauthenticated
 from app.domain.jobs import JobStatus
 from app.domain.pulls import ConsumerCredentials
@@ -527,6 +533,8 @@ async def jobs(request: Request, channel_id: str, consumer_id: str) -> Response:
             else None,
             "statuses": ["ANY", *[s.value for s in JobStatus]],
             "redrives": redrives[:5],
+            "scan_rows": SCAN_ROWS,
+            "payload_budget_mib": PAYLOAD_BUDGET // (1024 * 1024),
             "done": done_text(params),
         },
         status_code=400 if error else 200,
@@ -620,7 +628,7 @@ async def confirm(request: Request, channel_id: str, consumer_id: str, action: s
     item = await console.rt.console.consumer(channel_id, consumer_id)
     params = request.query_params
     jobs: int | None = None
-    more = False
+    more = cut = False
     which: JobFilter | None = None
     detail = ""
     if action in ("requeue-job", "delete-job"):
@@ -632,7 +640,7 @@ async def confirm(request: Request, channel_id: str, consumer_id: str, action: s
     elif action in ("requeue-matching", "delete-matching"):
         which = _filter(params)
         matching = await console.rt.console.matching(channel_id, consumer_id, which)
-        jobs, more = len(matching.ids), matching.more
+        jobs, more, cut = len(matching.ids), matching.more, matching.cut
     elif action == "redrive-matching":
         which = _filter(params)
         refusal = which.redrivable
@@ -665,6 +673,8 @@ async def confirm(request: Request, channel_id: str, consumer_id: str, action: s
             "path": _consumer_path(channel_id, consumer_id),
             "jobs": jobs,
             "more": more,
+            "cut": cut,
+            "payload_budget_mib": PAYLOAD_BUDGET // (1024 * 1024),
             "bulk_limit": BULK_LIMIT,
             "fields": {**(which.query() if which else {}), **{"job": params.get("job", "")}},
             "detail": detail,

@@ -98,3 +98,44 @@ async def test_a_bounded_window_pages_on_where_the_scan_stopped(
         seen += [c.message.message_id for c in page.jobs]
         before = page.next_before
     assert seen == ["m-0"]
+
+
+async def test_a_list_and_a_text_search_read_no_payloads(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    await _dead_jobs(client, 3)
+    for which in (parse_job_filter(status="DEAD"), parse_job_filter(payload="fragile")):
+        page = await runtime.console.search(CHANNEL, "k1", which, None)
+        assert page.jobs and {c.message.payload for c in page.jobs} == {b""}
+    text = parse_job_filter(status="DEAD", payload="fragile")
+    assert len((await runtime.console.matching(CHANNEL, "k1", text)).ids) == 1
+
+
+async def test_a_field_search_reads_payloads_up_to_its_budget_and_pages_on(
+    client: httpx.AsyncClient, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _dead_jobs(client, 5)
+    # One byte: each read takes the newest payload holding the needle (the one crossing it).
+    monkeypatch.setattr("app.services.console.PAYLOAD_BUDGET", 1)
+    # "o" is in every payload ("order"), "fragile" in m-1's and m-3's.
+    for search, found, pages in (("order.id=o", [], 5), ("note=fragile", ["m-3", "m-1"], 2)):
+        which = parse_job_filter(status="DEAD", payload=search)
+        seen: list[str] = []
+        read: list[int] = []
+        before = None
+        while not read or before is not None:
+            page = await runtime.console.search(CHANNEL, "k1", which, before)
+            seen += [c.message.message_id for c in page.jobs]
+            assert {c.message.payload for c in page.jobs} <= {b""}
+            read.append(page.scanned)
+            before = page.next_before
+        assert (seen, len(read)) == (found, pages)
+    # The first page read m-4 and m-3 (where the budget ran out), the second the rest.
+    assert read == [2, 3]
+
+    fragile = parse_job_filter(status="DEAD", payload="note=fragile")
+    cut = await runtime.console.matching(CHANNEL, "k1", fragile)
+    assert (len(cut.ids), cut.more, cut.cut) == (1, False, True)
+    monkeypatch.setattr("app.services.console.PAYLOAD_BUDGET", 1 << 20)
+    whole = await runtime.console.matching(CHANNEL, "k1", fragile)
+    assert (len(whole.ids), whole.more, whole.cut) == (2, False, False)
