@@ -45,7 +45,9 @@ def test_the_payload_view_is_bounded(payload: bytes, kind: str, starts: str, end
 )
 def test_times_out_of_range_are_refused(fields: dict[str, str], reason: str) -> None:
     with pytest.raises(InvalidInput, match=reason):
-        parse_job_filter(**fields)
+        parse_job_filter(
+            since=fields.get("since"), until=fields.get("until"), payload=fields.get("payload")
+        )
 
 
 @pytest.mark.parametrize(
