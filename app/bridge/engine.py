@@ -102,12 +102,16 @@ class NatsRequest:
     connection."""
 
     numbered = True
-    claims_ahead = True
-    __slots__ = ("engine", "reply", "uncounted")
+    __slots__ = ("claims_ahead", "engine", "reply", "uncounted")
 
-    def __init__(self, engine: PullEngine, reply: str, *, batch_unset: bool = False) -> None:
+    def __init__(
+        self, engine: PullEngine, reply: str, *, batch_unset: bool = False, ack_none: bool = False
+    ) -> None:
         self.engine = engine
         self.reply = reply
+        # A claim made ahead and given back has used up delivery sequence numbers: an ordered
+        # consumer (AckNone) takes the skip for a gap and recreates itself from scratch.
+        self.claims_ahead = not ack_none
         # nats-server counts a request without a batch as batch 0 in its pending headers.
         self.uncounted = 1 if batch_unset else 0
 
@@ -287,7 +291,12 @@ class PullEngine:
         self.scheduler.submit(
             consumer,
             Waiter(
-                NatsRequest(self, reply, batch_unset=spec.batch_unset),
+                NatsRequest(
+                    self,
+                    reply,
+                    batch_unset=spec.batch_unset,
+                    ack_none=consumer.options.ack_policy == "none",
+                ),
                 batch_left=spec.batch,
                 bytes_left=spec.max_bytes or None,
                 no_wait=spec.no_wait,

@@ -455,7 +455,8 @@ def _start_time(value: object) -> datetime | None:
     text = str(value)
     match = _RFC3339.fullmatch(text)
     if match is None:
-        raise _invalid_json(f'parsing time "{json.dumps(text)}" as "2006-01-02T15:04:05Z07:00"')
+        quoted = json.dumps(json.dumps(text))
+        raise _invalid_json(f'parsing time {quoted} as "\\"2006-01-02T15:04:05Z07:00\\""')
     day, clock, fraction, zone = match.groups()
     micros = (fraction or "").ljust(6, "0")[:6]
     offset = "+00:00" if zone in ("Z", "z") else zone

@@ -106,6 +106,23 @@ class Driver:
                     break
             await stream.stop()
             return seen
+        if op == "ordered":
+            self.consumer = await self.js.ordered_consumer(args["stream"])
+            return True
+        if op == "readOrdered":
+            # [data, stream sequence] of the next `count` messages, in the order they came.
+            ordered = await self.consumer.messages(
+                max_messages=args["max_messages"],
+                max_wait=args["expires"] / 1000,
+                heartbeat=args["expires"] / 2000,
+            )
+            got: list[list[Any]] = []
+            async for msg in ordered:
+                got.append([msg.data.decode(), msg.metadata.sequence.stream])
+                if len(got) >= args["count"]:
+                    break
+            await ordered.stop()
+            return got
         if op == "ack":
             await self.message(args).ack()
             return True

@@ -106,6 +106,22 @@ const commands = {
     await iter.close();
     return seen;
   },
+  async ordered({ stream }) {
+    // No consumer name: an ordered consumer (ephemeral, ack none, recreated on a gap).
+    consumer = await js.consumers.get(stream);
+    return true;
+  },
+  async readOrdered({ count, max_messages, expires }) {
+    // [data, stream sequence] of the next `count` messages, in the order they came.
+    const iter = await consumer.consume({ max_messages, expires });
+    const got = [];
+    for await (const msg of iter) {
+      got.push([msg.string(), msg.info.streamSequence]);
+      if (got.length >= count) break;
+    }
+    await iter.close();
+    return got;
+  },
   async ack(args) {
     message(args).ack();
     return true;
