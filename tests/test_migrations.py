@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, inspect, text
 from app.config import DatabaseConfig, load_config_text
 from app.store.db import Database
 from app.store.migrate import alembic_config, sync_url, upgrade
-from app.store.schema import metadata
+from app.store.schema import JOB_PARTITION_WITH, metadata
 
 
 @pytest.fixture
@@ -148,13 +148,20 @@ def test_the_job_table_is_stored_as_the_model_says(empty_database: DatabaseConfi
     upgrade(empty_database)
     if empty_database.dialect != "postgresql":
         return
-    wanted = metadata.tables["job"].dialect_options["postgresql"]["with"]
+    assert metadata.tables["job"].dialect_options["postgresql"]["partition_by"] == "RANGE (id)"
     engine = create_engine(sync_url(empty_database))
     try:
         with engine.connect() as conn:
-            options = conn.execute(
-                text("SELECT reloptions FROM pg_class WHERE oid = 'job'::regclass")
-            ).scalar_one()
+            key = conn.execute(text("SELECT pg_get_partkeydef('job'::regclass)")).scalar_one()
+            partitions = conn.execute(
+                text(
+                    "SELECT c.relname, c.reloptions FROM pg_partition_tree('job') t"
+                    " JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf"
+                )
+            ).all()
     finally:
         engine.dispose()
-    assert dict(option.split("=", 1) for option in options) == wanted == {"fillfactor": "50"}
+    assert key == "RANGE (id)"
+    assert [name for name, _ in partitions] == ["job_p0"]
+    for _, options in partitions:
+        assert dict(o.split("=", 1) for o in options) == JOB_PARTITION_WITH == {"fillfactor": "50"}

@@ -180,6 +180,22 @@ def _duration(raw: str) -> float:
     return value
 
 
+def _partition_interval(raw: str) -> float:
+    """Seconds from '1d', '12h', '30m' (or any duration _duration reads); 0 or 'off': none."""
+    text = raw.strip().lower()
+    if text in ("0", "off"):
+        return 0.0
+    if text.endswith("d"):
+        try:
+            days = float(text[:-1].strip())
+        except ValueError:
+            raise ValueError("must be a duration such as 1d, 12h or 30m, or off") from None
+        if not days > 0 or days == float("inf"):
+            raise ValueError("must be a positive duration, or off")
+        return days * 86400.0
+    return _duration(text)
+
+
 def _nats_mode(raw: str) -> str:
     if raw.lower() not in ("client", "hybrid"):
         raise ValueError("must be client or hybrid")
@@ -302,6 +318,17 @@ SECTIONS: tuple[Section, ...] = (
                 "How far behind the primary the replica may be for reads to go to it (5s, "
                 "250ms, 1m); beyond it, or while it is unreachable, they go to the primary.",
                 attr="replica_max_lag_seconds",
+            ),
+            Key(
+                "partition-interval",
+                "1d",
+                _partition_interval,
+                "PostgreSQL: the job table's partitions each take the ids issued in this long "
+                "(1d, 12h, 30m), made ahead by the sweeper; a partition whose jobs are all "
+                "delivered is archived and dropped whole once [pipeline] retention-days have "
+                "passed since it closed (docs/operations/storage.md). off: no rotation (the "
+                "archive deletes rows).",
+                attr="partition_interval_seconds",
             ),
         ),
     ),

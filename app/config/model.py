@@ -32,6 +32,7 @@ class DatabaseConfig:
     pool_recycle_seconds: int = default("rdbms", "connxn-max-lifetime-seconds")
     replica_url: str = default("rdbms", "replica-url")
     replica_max_lag_seconds: float = default("rdbms", "replica-max-lag")
+    partition_interval_seconds: float = default("rdbms", "partition-interval")
 
     @property
     def replica(self) -> DatabaseConfig | None:

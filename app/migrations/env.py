@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from alembic import context
 from sqlalchemy import create_engine, text
 
@@ -10,6 +12,13 @@ from app.store.migrate import sync_url
 from app.store.schema import metadata
 
 config = context.config
+
+
+def include_name(name: str | None, type_: str, _parents: object) -> bool:
+    """The job table's partitions (job_p<n>, made by the sweeper) are not models of their own."""
+    return not (type_ == "table" and name is not None and re.fullmatch(r"job_p\d+", name))
+
+
 url = config.attributes.get("sqlalchemy_url") or sync_url(load_config().database)
 
 
@@ -32,6 +41,7 @@ def run_migrations_online() -> None:
                 target_metadata=metadata,
                 render_as_batch=connection.dialect.name == "sqlite",
                 compare_type=True,
+                include_name=include_name,
             )
             with context.begin_transaction():
                 context.run_migrations()

@@ -19,6 +19,7 @@ from app.config import Config, ConfigError, load_config
 from app.logging import warn_ignored_keys
 from app.pipeline.archive import Archiver, StepHook
 from app.pipeline.db import LockMode, PipelineLocked, connect, jdbc_target, pipeline_lock
+from app.pipeline.partitions import PartitionArchiver, PartitionHook
 from app.pipeline.progress import Progress, summary_line
 from app.pipeline.report import Reporter
 from app.pipeline.spark import build_session
@@ -70,6 +71,7 @@ def run(
     dry_run: bool = False,
     spark: SparkSession | None = None,
     hook: StepHook | None = None,
+    partition_hook: PartitionHook | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> dict[str, Any]:
@@ -86,7 +88,11 @@ def run(
         # Readers share the lock; an archiver needs it alone.
         mode: LockMode = "exclusive" if command != "report" and not dry_run else "shared"
         with pipeline_lock(url, mode):
-            summary.update(_run_locked(command, config, master, dry_run, spark, hook, progress))
+            summary.update(
+                _run_locked(
+                    command, config, master, dry_run, spark, (hook, partition_hook), progress
+                )
+            )
         code = EXIT_OK
         summary["status"] = "ok"
     except PipelineLocked as exc:
@@ -121,14 +127,19 @@ def _run_locked(
     master: str | None,
     dry_run: bool,
     spark: SparkSession | None,
-    hook: StepHook | None,
+    hooks: tuple[StepHook | None, PartitionHook | None],
     progress: Progress,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     pipeline = config.pipeline
     jdbc = jdbc_target(config.database.connection_url)
+    hook, partition_hook = hooks
+    # With partitions rotating, jobs leave with their partition (app/pipeline/partitions.py)
+    # and the batches take only messages no job refers to any more: no statuses count as
+    # finished, so a message with any job left is not planned.
+    by_partition = config.database.partition_interval_seconds > 0
     with connect(config.database.connection_url) as conn:
-        store = BatchStore(conn, pipeline.terminal_statuses)
+        store = BatchStore(conn, () if by_partition else pipeline.terminal_statuses)
         if dry_run and command in ("archive", "all"):
             messages, jobs = store.eligible(pipeline.retention_days)
             unfinished = [{"id": b.id, "status": b.status} for b in store.unfinished()]
@@ -143,6 +154,9 @@ def _run_locked(
         owned = spark is None
         session = spark or build_session(pipeline, master)
         try:
+            if command in ("archive", "all") and not dry_run and by_partition:
+                parts = PartitionArchiver(session, pipeline, jdbc, conn, progress, partition_hook)
+                result["partitions"] = parts.run().as_dict()
             if command in ("archive", "all") and not dry_run:
                 archiver = Archiver(session, pipeline, jdbc, store, progress, hook)
                 result["archive"] = archiver.run().as_dict()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from app.config import Config
 from app.services.redrives import RedriveService
+from app.services.retention import RetentionService
 from app.services.sweeping import SweepService
+from app.sweeper.partitions import PartitionRunner, period_for
 from app.sweeper.redrives import RedriveRunner
 from app.sweeper.runner import Sweeper
 
@@ -35,6 +37,13 @@ def start_sweeping(process: Process, sweeps: SweepService, redrives: RedriveServ
     )
     process.spawn(sweeper.run, "sweeper")
     process.spawn(RedriveRunner(redrives).run, "redrives")
+    if process.db.dialect == "postgresql":
+        interval = config.database.partition_interval_seconds
+        period = period_for(interval)
+        retention = RetentionService(
+            process.db, interval, config.pipeline.retention_days, hold_seconds=2 * period
+        )
+        process.spawn(PartitionRunner(retention, period).run, "partitions")
 
 
 class SweeperRoot(Process):

@@ -245,8 +245,28 @@ job = Table(
     # Per-consumer listings by status (DLQ, in-flight counts) and a message's jobs.
     Index("ix_job_consumer_status", "consumer_pk", "status", "id"),
     Index("ix_job_message_pk", "message_pk"),
-    # Half of each page free for its rows' next versions (migration 0009_job_fillfactor).
-    postgresql_with={"fillfactor": "50"},
+    # PostgreSQL: ranges of ids, one [rdbms] partition-interval each (migration
+    # 0018_job_partitions; app/store/partitions.py). Each partition leaves half of each page
+    # free for its rows' next versions (migration 0009_job_fillfactor).
+    postgresql_partition_by="RANGE (id)",
+)
+JOB_PARTITION_WITH = {"fillfactor": "50"}  # each partition's storage parameters
+
+# The job table's partitions and where each is in its retention (migration 0018; PostgreSQL
+# only, empty on SQLite): ATTACHED -> EXPORTED (archived and read back) -> DETACHED -> DROPPED.
+# lower_id NULL: from the smallest id.
+job_partition = Table(
+    "job_partition",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("lower_id", BigInteger(), nullable=True),
+    Column("upper_id", BigInteger(), nullable=False),
+    Column("opened_at", Timestamp(), nullable=True),
+    Column("closed_at", Timestamp(), nullable=True),
+    Column("status", String(16), nullable=False, server_default="ATTACHED"),
+    Column("exported_rows", BigInteger(), nullable=True),
+    Column("changed_at", Timestamp(), nullable=False),
+    CheckConstraint("status IN ('ATTACHED', 'EXPORTED', 'DETACHED', 'DROPPED')", name="status"),
 )
 
 # Jobs per (consumer, status): +1 / -1 added by triggers on job in the statement that inserts,

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from app.store.db import Database
 
+# Summed over the partitions (migration 0018): the partitioned table itself holds no rows.
 DEAD_JOBS = """
-SELECT n_dead_tup FROM pg_stat_user_tables
-WHERE relid = to_regclass('job')
+SELECT sum(n_dead_tup) FROM pg_stat_user_tables
+WHERE relid IN (SELECT relid FROM pg_partition_tree('job'))
 """
 
 # SKIP_LOCKED: a vacuum already running (autovacuum, another sweeper) does the work.

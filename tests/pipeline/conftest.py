@@ -38,7 +38,11 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-def pipeline_config(rdbms: str, root: Path, **overrides: str) -> Config:
+def pipeline_config(
+    rdbms: str, root: Path, *, partition_interval: str = "off", **overrides: str
+) -> Config:
+    """[pipeline] under `root`. Partitions off unless asked: these tests archive by rows (the
+    partition archive's own: test_partition_archive.py)."""
     settings = {
         "archive-root": str(root / "archive"),
         "report-root": str(root / "report"),
@@ -48,6 +52,7 @@ def pipeline_config(rdbms: str, root: Path, **overrides: str) -> Config:
         **overrides,
     }
     section = "".join(f"{key}={value}\n" for key, value in settings.items())
+    rdbms += f"partition-interval={partition_interval}\n"
     return load_config_text(rdbms + "[pipeline]\n" + section)
 
 

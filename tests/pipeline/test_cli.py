@@ -25,6 +25,7 @@ def _config_file(config: Config, tmp_path: Path) -> Path:
     path.write_text(
         "[rdbms]\ndialect=postgresql\n"
         f"connection-url={config.database.connection_url}\n"
+        f"partition-interval={config.database.partition_interval_seconds or 'off'}\n"
         "[pipeline]\n"
         f"archive-root={p.archive_root}\nreport-root={p.report_root}\n"
         f"retention-days={p.retention_days}\nbatch-size={p.batch_size}\n"

@@ -1,0 +1,155 @@
+"""The job table's partitions over their life (PostgreSQL): made ahead, rotated each interval,
+drained of unfinished jobs once their retention has passed, and, after the archive exported
+and read them back, detached and dropped. Each step is safe to repeat and to run from several
+sweepers; whatever a crash interrupted, the next round finishes (app/store/partitions.py)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from app.store.db import Database
+from app.store.partitions import (
+    ATTACHED,
+    DETACHED,
+    EXPORTED,
+    ROTATE_AT,
+    Partition,
+    PartitionStore,
+    partition_name,
+)
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1000  # jobs per moving statement: each is its own short transaction
+
+
+@dataclass
+class RoundReport:
+    created: list[str] = field(default_factory=list)
+    rotated_to: str | None = None
+    held: int = 0
+    moved: int = 0
+    detached: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+class RetentionService:
+    def __init__(
+        self,
+        db: Database,
+        interval_seconds: float,
+        retention_days: int,
+        *,
+        hold_seconds: float,
+        chunk: int = CHUNK,
+    ) -> None:
+        self._store = PartitionStore(db)
+        self._enabled = db.dialect == "postgresql"
+        self._interval = interval_seconds
+        self._retention = timedelta(days=retention_days)
+        self._chunk = chunk
+        # Longer than the rounds are apart, so that a held job is still held when moved.
+        self._hold = hold_seconds
+
+    @property
+    def store(self) -> PartitionStore:
+        return self._store
+
+    async def run_round(self) -> RoundReport:
+        report = RoundReport()
+        if not self._enabled:
+            return report
+        await self.maintain(report)
+        await self.drain(report)
+        await self.finish_exported(report)
+        return report
+
+    async def maintain(self, report: RoundReport | None = None) -> None:
+        """A partition ahead of the one taking ids, and the rotation once its interval ends
+        (or three quarters of its ids are used)."""
+        report = report or RoundReport()
+        attached = [p for p in await self._store.partitions() if p.status == ATTACHED]
+        if not attached:
+            return
+        position = await self._store.position()
+        current = next((p for p in attached if p.low <= position < p.upper_id), None)
+        if current is None:  # the sequence past every partition: only a manual setval does it
+            log.error("job id %d is in no partition of the job table", position)
+            return
+        if current.opened_at is None:  # a rotation's setval landed, its commit did not
+            await self._store.mark_opened(current.name)
+            current = next(p for p in await self._store.partitions() if p.name == current.name)
+        ahead = [p for p in attached if p.low >= current.upper_id]
+        if not ahead:
+            if await self._store.create(current.upper_id):
+                report.created.append(_name_of(current.upper_id))
+            ahead = [p for p in await self._store.partitions() if p.low >= current.upper_id]
+        now = await self._store.now()
+        used = position - (current.lower_id if current.lower_id is not None else 0)
+        timed_out = (
+            self._interval > 0
+            and current.opened_at is not None
+            and current.opened_at + timedelta(seconds=self._interval) <= now
+        )
+        if (timed_out or used >= ROTATE_AT) and ahead:
+            following = ahead[0]
+            if await self._store.rotate(current.name, following):
+                report.rotated_to = following.name
+                log.info("job ids now go to partition %s", following.name)
+                if await self._store.create(following.upper_id):
+                    report.created.append(_name_of(following.upper_id))
+
+    async def drain(self, report: RoundReport | None = None) -> RoundReport:
+        """Unfinished jobs of partitions past their retention, moved to the current one."""
+        report = report or RoundReport()
+        now = await self._store.now()
+        position = await self._store.position()
+        for part in await self._store.partitions():
+            if part.status != ATTACHED or part.closed_at is None:
+                continue
+            if part.low <= position < part.upper_id:
+                continue  # still taking ids (a rotation half done): moving would stay in it
+            if part.closed_at + self._retention > now:
+                continue
+            # Moves what an earlier round held (and dead and scheduled jobs), then holds the
+            # due ones for the next round.
+            while (moved := await self._store.move_forward(part, self._chunk)) > 0:
+                report.moved += moved
+                if moved < self._chunk:
+                    break
+            while (held := await self._store.hold_due(part, self._chunk, self._hold)) > 0:
+                report.held += held
+                if held < self._chunk:
+                    break
+        return report
+
+    async def ready(self) -> list[Partition]:
+        """Closed partitions past their retention that hold only delivered jobs: the archive's
+        to export."""
+        now = await self._store.now()
+        return [
+            part
+            for part in await self._store.partitions()
+            if part.status == ATTACHED
+            and part.closed_at is not None
+            and part.closed_at + self._retention <= now
+            and not await self._store.has_unfinished(part)
+        ]
+
+    async def finish_exported(self, report: RoundReport | None = None) -> RoundReport:
+        """Detach and drop what the archive exported and read back."""
+        report = report or RoundReport()
+        for part in await self._store.partitions():
+            if part.status == EXPORTED:
+                await self._store.detach(part.name)
+                report.detached.append(part.name)
+            if part.status in (EXPORTED, DETACHED) and await self._store.drop(part.name):
+                report.dropped.append(part.name)
+                log.info("job partition %s dropped after its archive", part.name)
+        return report
+
+
+def _name_of(lower_id: int) -> str:
+    return partition_name(lower_id)

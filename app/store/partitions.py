@@ -1,0 +1,321 @@
+"""The job table's partitions on PostgreSQL: made ahead, rotated, drained, detached and dropped.
+
+`job` is range-partitioned by its id (migration 0018_job_partitions, where the why is): each
+partition holds the ids issued in one `[rdbms] partition-interval`, because the ids are what
+acks, claims' updates and status reads find jobs by, so a look-up by id reaches one partition
+(a time column would send every one of them to all). The ids of an interval are a span of
+SPAN values: the next partition is made ahead, empty, with the next span, and the rotation
+moves the sequence up to it (`setval`), so the ids stay one ascending sequence with a gap at
+each rotation. A partition also rotates once three quarters of its span are used.
+
+`job_partition` keeps each partition's state: ATTACHED (taking ids, or closed and waiting for
+its retention), EXPORTED (the archive wrote and read back its rows), DETACHED, DROPPED. Every
+step is one conditional statement or one transaction, and each looks at the state first, so a
+run that stopped anywhere is finished by the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+
+from app.domain.counters import COUNTER_SHARDS
+from app.store.db import Database
+from app.store.schema import JOB_PARTITION_WITH
+
+SPAN = 1 << 32  # ids per partition; 2**21 rotations stay below 2**53 (JavaScript's integers)
+ROTATE_AT = SPAN * 3 // 4  # ids used in a partition that close it early
+MIN_ID = -(1 << 63)
+SEQUENCE = "job_id_seq"
+# A queued job due now in a partition being drained is first made due a little later (an
+# ordinary update, which a claim running meanwhile re-checks and skips) and moved a round
+# later: a claim that read the row before a move and tried to lock it after would fail with a
+# serialization error, while one that finds it not due never locks it.
+# Creating a partition attaches it (SHARE UPDATE EXCLUSIVE on job: claims and acks go on), but
+# its foreign keys take a brief lock on message and consumer that publishes wait behind; past
+# this the attempt gives up and the next round tries again.
+LOCK_TIMEOUT = "500ms"
+
+ATTACHED, EXPORTED, DETACHED, DROPPED = "ATTACHED", "EXPORTED", "DETACHED", "DROPPED"
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    name: str
+    lower_id: int | None  # None: from the smallest id (the table the migration converted)
+    upper_id: int
+    opened_at: datetime | None
+    closed_at: datetime | None
+    status: str
+    exported_rows: int | None
+
+    @property
+    def low(self) -> int:
+        return MIN_ID if self.lower_id is None else self.lower_id
+
+
+def partition_name(lower_id: int | None) -> str:
+    return "job_p0" if lower_id is None else f"job_p{lower_id // SPAN}"
+
+
+LIST = """
+SELECT name, lower_id, upper_id, opened_at, closed_at, status, exported_rows
+FROM job_partition WHERE status <> 'DROPPED' ORDER BY upper_id
+"""
+
+# The next id the sequence hands out.
+POSITION = f"SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {SEQUENCE}"
+
+REGISTER = """
+INSERT INTO job_partition (name, lower_id, upper_id, status, changed_at)
+VALUES (:name, :lower, :upper, 'ATTACHED', now())
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+"""
+
+MARK_OPENED = """
+UPDATE job_partition SET opened_at = now(), changed_at = now()
+WHERE name = :name AND opened_at IS NULL
+"""
+
+CLOSE = """
+UPDATE job_partition SET closed_at = now(), changed_at = now()
+WHERE name = :name AND closed_at IS NULL
+"""
+
+# Conditional: ids only move up, and only the sweeper that opened the partition gets here.
+JUMP = f"""
+SELECT setval('{SEQUENCE}', :lower, false) WHERE (SELECT last_value FROM {SEQUENCE}) < :lower
+"""
+
+HOLD = """
+UPDATE job SET earliest_next_attempt_at = now() + make_interval(secs => :hold)
+WHERE id IN (
+    SELECT id FROM job
+    WHERE id >= :low AND id < :high AND status = 'QUEUED' AND earliest_next_attempt_at <= now()
+    ORDER BY id LIMIT :chunk FOR UPDATE SKIP LOCKED
+) AND status = 'QUEUED' AND earliest_next_attempt_at <= now()
+"""
+
+# A new id is a move to the current partition (PostgreSQL deletes and inserts the row; the
+# statement's transition tables see an update, so job_count nets to nothing). Not moved: jobs
+# in flight (their ack finds them by id; they come back QUEUED or end), due ones (HOLD first),
+# and a consumer's while a redrive of it runs (it walks ids up to a bound and would miss them).
+MOVE = f"""
+UPDATE job SET id = nextval('{SEQUENCE}')
+WHERE id IN (
+    SELECT j.id FROM job j
+    WHERE j.id >= :low AND j.id < :high
+      AND (j.status = 'DEAD' OR (j.status = 'QUEUED' AND j.earliest_next_attempt_at > now()))
+      AND NOT EXISTS (
+          SELECT 1 FROM redrive r WHERE r.consumer_pk = j.consumer_pk AND r.status = 'RUNNING'
+      )
+    ORDER BY j.id LIMIT :chunk FOR UPDATE SKIP LOCKED
+) AND (status = 'DEAD' OR (status = 'QUEUED' AND earliest_next_attempt_at > now()))
+"""
+
+UNFINISHED = """
+SELECT count(*) FROM (
+    SELECT 1 FROM job WHERE id >= :low AND id < :high AND status <> 'DELIVERED' LIMIT 1
+) AS any_left
+"""
+
+MARK_EXPORTED = """
+UPDATE job_partition SET status = 'EXPORTED', exported_rows = :rows, changed_at = now()
+WHERE name = :name AND status = 'ATTACHED' AND closed_at IS NOT NULL
+"""
+
+MARK_DETACHED = """
+UPDATE job_partition SET status = 'DETACHED', changed_at = now()
+WHERE name = :name AND status = 'EXPORTED'
+"""
+
+MARK_DROPPED = """
+UPDATE job_partition SET status = 'DROPPED', changed_at = now()
+WHERE name = :name AND status = 'DETACHED'
+RETURNING name
+"""
+
+# Whether a partition is still attached, and whether a DETACH ... CONCURRENTLY of it stopped
+# half way (pg_inherits.inhdetachpending): FINALIZE completes that one.
+ATTACHMENT = """
+SELECT i.inhdetachpending FROM pg_inherits i
+WHERE i.inhrelid = to_regclass(:name) AND i.inhparent = 'job'::regclass
+"""
+
+EXISTS = "SELECT to_regclass(:name) IS NOT NULL"
+
+# Rows of a detached partition that are not finished (a redrive replayed them after the export):
+# back into job with new ids, where their consumer and message still exist.
+REHOME = """
+INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size, attempt, retry_count,
+    timeout_count, incremental_timeout, lease_expires_at, earliest_next_attempt_at, claimed_at,
+    status_changed_at, created_at, dead_reason, last_error, attempts)
+SELECT d.message_pk, d.consumer_pk, CASE WHEN d.status = 'INFLIGHT' THEN 'QUEUED' ELSE d.status END,
+    d.priority, d.payload_size, d.attempt, d.retry_count, d.timeout_count,
+    d.incremental_timeout, NULL, d.earliest_next_attempt_at, NULL, d.status_changed_at,
+    d.created_at, d.dead_reason, d.last_error, d.attempts
+FROM {name} d
+WHERE d.status <> 'DELIVERED'
+  AND EXISTS (SELECT 1 FROM consumer c WHERE c.pk = d.consumer_pk)
+  AND EXISTS (SELECT 1 FROM message m WHERE m.pk = d.message_pk)
+"""
+
+# The dropped rows leave job_count (no trigger sees a DROP) and, those not re-homed, are
+# counted as removed on purpose in the ledger, as the archive's row deletes are.
+UNCOUNT = """
+INSERT INTO job_count (consumer_pk, status, shard, n)
+SELECT consumer_pk, status, pg_backend_pid() % {shards}, -count(*)
+FROM {name} GROUP BY consumer_pk, status ORDER BY consumer_pk, status
+ON CONFLICT (consumer_pk, status, shard) DO UPDATE SET n = job_count.n + excluded.n
+"""
+COUNT_REMOVED = """
+INSERT INTO job_removed (consumer_pk, shard, n)
+SELECT consumer_pk, pg_backend_pid() % {shards}, count(*)
+FROM {name} d
+WHERE d.status = 'DELIVERED'
+   OR NOT EXISTS (SELECT 1 FROM consumer c WHERE c.pk = d.consumer_pk)
+   OR NOT EXISTS (SELECT 1 FROM message m WHERE m.pk = d.message_pk)
+GROUP BY consumer_pk ORDER BY consumer_pk
+ON CONFLICT (consumer_pk, shard) DO UPDATE SET n = job_removed.n + excluded.n
+"""
+
+
+def _partition(row: Any) -> Partition:
+    return Partition(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
+
+
+def _ident(name: str) -> str:
+    """Partition names are made here (job_p<number>), never taken from input: checked anyway
+    before they go into DDL."""
+    if not (name.startswith("job_p") and name[5:].isdigit()):
+        raise ValueError(f"not a job partition: {name!r}")
+    return name
+
+
+class PartitionStore:
+    """Statements on the partitions' state and the partitions themselves (PostgreSQL only)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def partitions(self) -> list[Partition]:
+        return [_partition(r) for r in await self._db.run_alone(LIST, {}, prepare=False)]
+
+    async def position(self) -> int:
+        rows = await self._db.run_alone(POSITION, {}, prepare=False)
+        return int(rows[0][0])
+
+    async def now(self) -> datetime:
+        rows = await self._db.run_alone("SELECT now()", {}, prepare=False)
+        value: datetime = rows[0][0]
+        return value
+
+    async def create(self, lower_id: int) -> bool:
+        """The partition of ids [lower_id, lower_id + SPAN), made and attached in one
+        transaction with its state row (False: another sweeper made it)."""
+        name = _ident(partition_name(lower_id))
+        upper = lower_id + SPAN
+        storage = ", ".join(f"{k} = {v}" for k, v in JOB_PARTITION_WITH.items())
+        async with self._db.transaction() as tx:
+            await tx.conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+            made = await tx.conn.execute(
+                text(REGISTER), {"name": name, "lower": lower_id, "upper": upper}
+            )
+            if made.scalar_one_or_none() is None:
+                return False
+            # Made apart and attached: CREATE ... PARTITION OF would lock job against claims.
+            await tx.conn.execute(
+                text(
+                    f"CREATE TABLE {name} (LIKE job INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+                    f" WITH ({storage})"
+                )
+            )
+            await tx.conn.execute(
+                text(
+                    f"ALTER TABLE job ATTACH PARTITION {name}"
+                    f" FOR VALUES FROM ({lower_id}) TO ({upper})"
+                )
+            )
+        return True
+
+    async def mark_opened(self, name: str) -> None:
+        async with self._db.transaction() as tx:
+            await tx.conn.execute(text(MARK_OPENED), {"name": name})
+
+    async def rotate(self, current: str, following: Partition) -> bool:
+        """Close `current` and hand out ids from `following` on (False: already done)."""
+        assert following.lower_id is not None
+        async with self._db.transaction() as tx:
+            opened = await tx.conn.execute(text(MARK_OPENED), {"name": following.name})
+            if opened.rowcount == 0:
+                return False
+            await tx.conn.execute(text(CLOSE), {"name": current})
+            # setval is not undone by a rollback: should the commit fail, the next round finds
+            # the sequence in `following` and marks it opened (maintain()).
+            await tx.conn.execute(text(JUMP), {"lower": following.lower_id})
+        return True
+
+    async def close(self, name: str) -> None:
+        async with self._db.transaction() as tx:
+            await tx.conn.execute(text(CLOSE), {"name": name})
+
+    async def hold_due(self, part: Partition, chunk: int, hold_seconds: float) -> int:
+        async with self._db.transaction() as tx:
+            result = await tx.conn.execute(
+                text(HOLD),
+                {"low": part.low, "high": part.upper_id, "chunk": chunk, "hold": hold_seconds},
+            )
+            return int(result.rowcount)
+
+    async def move_forward(self, part: Partition, chunk: int) -> int:
+        async with self._db.transaction() as tx:
+            result = await tx.conn.execute(
+                text(MOVE), {"low": part.low, "high": part.upper_id, "chunk": chunk}
+            )
+            return int(result.rowcount)
+
+    async def has_unfinished(self, part: Partition) -> bool:
+        async with self._db.transaction() as tx:
+            found = await tx.conn.execute(
+                text(UNFINISHED), {"low": part.low, "high": part.upper_id}
+            )
+            return bool(found.scalar_one())
+
+    async def mark_exported(self, name: str, rows: int) -> bool:
+        async with self._db.transaction() as tx:
+            done = await tx.conn.execute(text(MARK_EXPORTED), {"name": name, "rows": rows})
+            return bool(done.rowcount)
+
+    async def detach(self, name: str) -> None:
+        """DETACH ... CONCURRENTLY (no transaction around it; claims and acks go on), or
+        FINALIZE one that a crash interrupted; then the state says DETACHED."""
+        name = _ident(name)
+        async with self._db.transaction() as tx:
+            attached = (await tx.conn.execute(text(ATTACHMENT), {"name": name})).all()
+        if attached:
+            how = "FINALIZE" if attached[0][0] else "CONCURRENTLY"
+            await self._db.run_alone(
+                f"ALTER TABLE job DETACH PARTITION {name} {how}", {}, prepare=False
+            )
+        async with self._db.transaction() as tx:
+            await tx.conn.execute(text(MARK_DETACHED), {"name": name})
+
+    async def drop(self, name: str) -> bool:
+        """Re-home what a redrive woke in it since the export, take its rows out of the counts
+        and the ledger, and drop it: one transaction, with the state's change."""
+        name = _ident(name)
+        async with self._db.transaction() as tx:
+            done = await tx.conn.execute(text(MARK_DROPPED), {"name": name})
+            if done.scalar_one_or_none() is None:
+                return False
+            exists = await tx.conn.execute(text(EXISTS), {"name": name})
+            if exists.scalar_one():
+                await tx.conn.execute(text(REHOME.format(name=name)))
+                await tx.conn.execute(text(COUNT_REMOVED.format(name=name, shards=COUNTER_SHARDS)))
+                await tx.conn.execute(text(UNCOUNT.format(name=name, shards=COUNTER_SHARDS)))
+                await tx.conn.execute(text(f"DROP TABLE {name}"))
+        return True

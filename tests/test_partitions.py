@@ -1,0 +1,600 @@
+"""The job table's partitions on PostgreSQL (app/store/partitions.py, app/services/retention.py):
+made ahead and rotated, the unfinished jobs of an old one moved forward and still delivered
+once, the old one dropped after its export whatever step a crash stopped at, the hot
+statements reaching only the partitions they must, and the migration of a table with rows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from alembic import command
+from sqlalchemy import text
+
+from app.config import DatabaseConfig, load_config_text
+from app.runtime import Runtime
+from app.services.retention import RetentionService
+from app.store import attempts, queue
+from app.store.ledger import LedgerStore
+from app.store.migrate import alembic_config, upgrade
+from app.store.partitions import SPAN, PartitionStore
+from tests.helpers.pull import (
+    consumer_pk,
+    producer_headers,
+    publish,
+    pull_jobs,
+    set_state,
+    setup_channel,
+)
+from tests.helpers.waiting import eventually
+
+HOLD = 0.5  # seconds a due job is held before its move (the sweeper: two rounds)
+
+
+@pytest.fixture
+def backend() -> str:
+    return "postgresql"  # SQLite keeps one table: test_sqlite_keeps_one_table
+
+
+def retention(rt: Runtime, retention_days: int = 0) -> RetentionService:
+    return RetentionService(rt.db, 3600, retention_days, hold_seconds=HOLD)
+
+
+async def sql(rt: Runtime, statement: str, **params: Any) -> list[Any]:
+    async with rt.db.transaction() as tx:
+        result = await tx.conn.execute(text(statement), params)
+        return list(result.all()) if result.returns_rows else []
+
+
+async def leaves(rt: Runtime) -> list[str]:
+    rows = await sql(
+        rt,
+        "SELECT relid::regclass::text FROM pg_partition_tree('job') WHERE isleaf ORDER BY 1",
+    )
+    return [r[0] for r in rows]
+
+
+async def where(rt: Runtime, job_id: int) -> str:
+    rows = await sql(rt, "SELECT tableoid::regclass::text FROM job WHERE id = :id", id=job_id)
+    return str(rows[0][0])
+
+
+async def interval_over(rt: Runtime) -> None:
+    """The taking partition's interval ended (opened an interval and a minute ago)."""
+    await sql(
+        rt,
+        "UPDATE job_partition SET opened_at = now() - interval '61 minutes'"
+        " WHERE opened_at IS NOT NULL AND closed_at IS NULL",
+    )
+
+
+async def counts_match_rows(rt: Runtime) -> None:
+    counted = dict(
+        await sql(
+            rt,
+            "SELECT status, sum(n) FROM job_count GROUP BY status HAVING sum(n) <> 0",
+        )
+    )
+    rows = dict(await sql(rt, "SELECT status, count(*) FROM job GROUP BY status"))
+    assert {k: int(v) for k, v in counted.items()} == {k: int(v) for k, v in rows.items()}
+
+
+async def unaccounted(rt: Runtime) -> dict[str, int]:
+    async with rt.db.transaction() as tx:
+        return {e.consumer_id: e.unaccounted for e in await LedgerStore(tx).entries()}
+
+
+async def test_partitions_are_made_ahead_and_ids_rotate_into_them(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client)
+    service = retention(runtime)
+    assert await leaves(runtime) == ["job_p0"]
+    await service.maintain()
+    assert await leaves(runtime) == ["job_p0", "job_p1"]  # ahead, empty
+    await service.maintain()  # nothing more to do before the interval ends
+    assert await leaves(runtime) == ["job_p0", "job_p1"]
+    await publish(client, "before")
+    (before,) = await pull_jobs(client, k1)
+    assert int(before["ID"]) < SPAN and await where(runtime, int(before["ID"])) == "job_p0"
+
+    await interval_over(runtime)
+    await service.maintain()
+    assert await leaves(runtime) == ["job_p0", "job_p1", "job_p2"]
+    states = {
+        r[0]: (r[1] is not None, r[2] is not None)
+        for r in await sql(runtime, "SELECT name, opened_at, closed_at FROM job_partition")
+    }
+    assert states == {
+        "job_p0": (True, True),
+        "job_p1": (True, False),
+        "job_p2": (False, False),
+    }
+    await publish(client, "after")
+    (after,) = await pull_jobs(client, k1)
+    assert SPAN <= int(after["ID"]) < 2 * SPAN
+    assert await where(runtime, int(after["ID"])) == "job_p1"
+    # Both acked by id, each in its own partition.
+    for j in (before, after):
+        r = await set_state(client, k1, j["ID"], {"NextState": "DELIVERED"})
+        assert r.status_code == 202, r.text
+    await counts_match_rows(runtime)
+
+
+async def test_a_second_sweeper_makes_nothing_twice(runtime: Runtime) -> None:
+    a, b = retention(runtime), retention(runtime)
+    await asyncio.gather(a.maintain(), b.maintain())
+    await interval_over(runtime)
+    await asyncio.gather(a.maintain(), b.maintain())
+    assert await leaves(runtime) == ["job_p0", "job_p1", "job_p2"]
+    position = await PartitionStore(runtime.db).position()
+    assert position == SPAN  # one jump, to the first id of job_p1
+
+
+async def test_unfinished_jobs_move_forward_and_are_delivered_once(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client)
+    payloads = [f"m{i}" for i in range(8)]
+    for p in payloads:
+        await publish(client, p)
+    pulled = await pull_jobs(client, k1, batch=8)
+    ids = sorted(int(j["ID"]) for j in pulled)
+    # Four delivered, one dead (in the DLQ), one queued again and due, one in flight; one
+    # scheduled message's job waits for tomorrow.
+    for job_id in ids[:4]:
+        r = await set_state(client, k1, job_id, {"NextState": "DELIVERED"})
+        assert r.status_code == 202, r.text
+    await sql(runtime, "UPDATE job SET status = 'DEAD' WHERE id = :id", id=ids[4])
+    await sql(
+        runtime,
+        "UPDATE job SET status = 'QUEUED', earliest_next_attempt_at = now() WHERE id = ANY(:ids)",
+        ids=ids[5:7],
+    )
+    inflight = ids[7]
+    scheduled = await publish_scheduled(client)
+    service = retention(runtime)
+    await service.maintain()
+    await interval_over(runtime)
+    await service.maintain()  # job_p0 closed; retention 0 days: its time has come
+
+    # Round 1 moves the dead and the scheduled jobs and holds the two due ones; round 2 moves
+    # them. The job in flight stays (its ack finds it by id).
+    first = await service.drain()
+    assert (first.moved, first.held) == (2, 2), first
+    assert await pull_jobs(client, k1) == []  # held: not due
+    second = await service.drain()
+    assert (second.moved, second.held) == (2, 0), second
+    old = await sql(runtime, "SELECT id, status FROM job_p0 WHERE status <> 'DELIVERED'")
+    assert old == [(inflight, "INFLIGHT")]
+    assert await service.ready() == []  # one in flight: not yet
+
+    moved = await eventually(
+        lambda: pull_jobs(client, k1, batch=10), timeout=10, what="the held jobs due again"
+    )
+    assert len(moved) == 2 and all(int(j["ID"]) >= SPAN for j in moved)
+    r = await set_state(client, k1, inflight, {"NextState": "DELIVERED"})
+    assert r.status_code == 202, r.text
+    for j in moved:
+        r = await set_state(client, k1, j["ID"], {"NextState": "DELIVERED"})
+        assert r.status_code == 202, r.text
+    dead = await sql(runtime, "SELECT id FROM job WHERE status = 'DEAD'")
+    assert len(dead) == 1 and dead[0][0] >= SPAN
+    waiting = await sql(
+        runtime,
+        "SELECT j.id FROM job j JOIN message m ON m.pk = j.message_pk WHERE m.message_id = :m",
+        m=scheduled,
+    )
+    assert len(waiting) == 1 and waiting[0][0] >= SPAN
+
+    # Every message's job delivered once: the four, the in-flight one and the two moved.
+    delivered = await sql(
+        runtime,
+        "SELECT convert_from(m.payload, 'UTF8'), count(*) FROM job j"
+        " JOIN message m ON m.pk = j.message_pk WHERE j.status = 'DELIVERED' GROUP BY 1",
+    )
+    assert sorted(p for p, n in delivered if n == 1) == sorted(
+        payloads[i] for i in (0, 1, 2, 3, 5, 6, 7)
+    )
+    assert all(n == 1 for _, n in delivered)
+    await counts_match_rows(runtime)
+    assert set((await unaccounted(runtime)).values()) == {0}
+
+    # Only delivered jobs left: ready for the archive; after it, detached and dropped.
+    (ready,) = await service.ready()
+    assert ready.name == "job_p0"
+    assert await service.store.mark_exported("job_p0", 5)
+    report = await service.finish_exported()
+    assert report.dropped == ["job_p0"]
+    assert "job_p0" not in await leaves(runtime)
+    await counts_match_rows(runtime)
+    assert set((await unaccounted(runtime)).values()) == {0}
+    removed = await sql(runtime, "SELECT sum(n) FROM job_removed")
+    assert removed[0][0] == 5
+
+
+async def publish_scheduled(client: httpx.AsyncClient) -> str:
+    r = await client.post(
+        "/channel/c1/broadcast",
+        content=b"tomorrow",
+        headers=producer_headers(**{"X-Broker-Scheduled-For": "2099-01-01T00:00:00Z"}),
+    )
+    assert r.status_code == 201, r.text
+    return r.headers["Location"].rsplit("/", 1)[1]
+
+
+async def closed_and_exported(client: httpx.AsyncClient, runtime: Runtime) -> RetentionService:
+    """job_p0 with three delivered jobs, closed and exported."""
+    (k1,) = await setup_channel(client)
+    for i in range(3):
+        await publish(client, f"x{i}")
+    for j in await pull_jobs(client, k1, batch=3):
+        r = await set_state(client, k1, j["ID"], {"NextState": "DELIVERED"})
+        assert r.status_code == 202, r.text
+    service = retention(runtime)
+    await service.maintain()
+    await interval_over(runtime)
+    await service.maintain()
+    assert [p.name for p in await service.ready()] == ["job_p0"]
+    assert await service.store.mark_exported("job_p0", 3)
+    return service
+
+
+async def state_of(rt: Runtime, name: str) -> str:
+    rows = await sql(rt, "SELECT status FROM job_partition WHERE name = :n", n=name)
+    return str(rows[0][0])
+
+
+async def test_a_detach_interrupted_half_way_is_finished_by_the_next_round(
+    client: httpx.AsyncClient, runtime: Runtime, config: Any
+) -> None:
+    service = await closed_and_exported(client, runtime)
+    url = config.database.connection_url
+    # DETACH ... CONCURRENTLY waits for transactions older than its first step; one holds a
+    # snapshot of job_p0, and the detach is cancelled while waiting: a crash's state, the
+    # partition marked detach-pending.
+    async with (
+        await psycopg.AsyncConnection.connect(url) as older,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as detacher,
+    ):
+        await older.execute("SELECT count(*) FROM job")
+        detaching = asyncio.create_task(
+            detacher.execute("ALTER TABLE job DETACH PARTITION job_p0 CONCURRENTLY")
+        )
+        await eventually(lambda: pending(runtime), timeout=10, what="the detach half way (pending)")
+        detacher.cancel()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            await detaching
+        await older.rollback()
+    assert await pending(runtime)
+    assert await state_of(runtime, "job_p0") == "EXPORTED"
+    report = await service.finish_exported()
+    assert report.dropped == ["job_p0"]
+    assert await leaves(runtime) == ["job_p1", "job_p2"]
+    assert await state_of(runtime, "job_p0") == "DROPPED"
+    await counts_match_rows(runtime)
+    assert set((await unaccounted(runtime)).values()) == {0}
+
+
+async def pending(rt: Runtime) -> bool:
+    rows = await sql(
+        rt,
+        "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = to_regclass('job_p0')",
+    )
+    return bool(rows and rows[0][0])
+
+
+async def test_a_crash_between_detach_and_drop_is_finished_by_the_next_round(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    service = await closed_and_exported(client, runtime)
+    await service.store.detach("job_p0")  # and the process dies here
+    assert await state_of(runtime, "job_p0") == "DETACHED"
+    assert "job_p0" not in await leaves(runtime)
+    # Meanwhile the counts still hold the detached jobs, as the ledger does.
+    assert set((await unaccounted(runtime)).values()) == {0}
+    report = await service.finish_exported()
+    assert (report.detached, report.dropped) == ([], ["job_p0"])
+    assert (await sql(runtime, "SELECT to_regclass('job_p0')"))[0][0] is None
+    await counts_match_rows(runtime)
+    assert set((await unaccounted(runtime)).values()) == {0}
+    assert (await service.finish_exported()).dropped == []  # and once only
+
+
+async def test_a_job_woken_after_the_export_survives_the_drop(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    service = await closed_and_exported(client, runtime)
+    # A replay (redrive of delivered jobs) between the export and the detach: the job is
+    # QUEUED in the detached table, and the drop puts it back into job with a new id.
+    (woken,) = await sql(runtime, "SELECT min(id) FROM job_p0")
+    await sql(runtime, "UPDATE job SET status = 'QUEUED' WHERE id = :id", id=woken[0])
+    report = await service.finish_exported()
+    assert report.dropped == ["job_p0"]
+    rows = await sql(runtime, "SELECT id FROM job WHERE status = 'QUEUED'")
+    assert len(rows) == 1 and rows[0][0] >= SPAN
+    await counts_match_rows(runtime)
+    assert set((await unaccounted(runtime)).values()) == {0}
+    removed = await sql(runtime, "SELECT sum(n) FROM job_removed")
+    assert removed[0][0] == 2
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+PER_PARTITION = 20_000
+
+
+async def many_jobs(rt: Runtime, prefix: str, count: int) -> None:
+    """`count` messages of c1 and their jobs, in two statements."""
+    await sql(
+        rt,
+        "INSERT INTO message (channel_id, message_id, producer_id, payload, content_type,"
+        " priority, headers, received_at)"
+        " SELECT 'c1', :prefix || g, 'p1', convert_to('job-' || g, 'UTF8'), 'text/plain', 0,"
+        " '{}'::json, now() FROM generate_series(1, :n) AS g",
+        prefix=prefix,
+        n=count,
+    )
+    await sql(
+        rt,
+        "INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,"
+        " earliest_next_attempt_at, status_changed_at, created_at)"
+        " SELECT m.pk, c.pk, 'QUEUED', 0, length(m.payload), now(), now(), now()"
+        " FROM message m JOIN consumer c ON c.channel_id = m.channel_id"
+        " WHERE m.message_id LIKE :prefix || '%%'",
+        prefix=prefix,
+    )
+
+
+def _numbered(statement: str) -> tuple[str, list[str]]:
+    """%(name)s placeholders as $n (PREPARE's), and the names in their order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%"), names
+
+
+def _partitions_reached(plan: Any) -> set[str]:
+    """Partitions of job the executed plan read (loops > 0)."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        name = node.get("Relation Name", "")
+        if name.startswith("job_p") and node.get("Actual Loops", 0) > 0:
+            found.add(name)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    return found
+
+
+def _rows_written(plan: Any) -> int:
+    """Rows the plan's ModifyTable nodes on job wrote."""
+
+    def walk(node: Any) -> int:
+        own = (
+            node.get("Actual Rows", 0)
+            if node.get("Node Type") == "ModifyTable" and (node.get("Relation Name") == "job")
+            else 0
+        )
+        return own + sum(walk(child) for child in node.get("Plans", []))
+
+    return walk(plan[0]["Plan"])
+
+
+async def _explain(rt: Runtime, statement: str, params: dict[str, Any]) -> tuple[set[str], int]:
+    """The statement prepared and run (then rolled back) with its generic plan, as the broker's
+    connections end up running it, and the partitions that plan reached."""
+    numbered, names = _numbered(statement)
+    values = ", ".join(_literal(params[n]) for n in names)
+    async with rt.db.transaction() as tx:
+        await tx.conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+        await tx.conn.exec_driver_sql(f"PREPARE probe AS {numbered}".replace("%", "%%"))
+        try:
+            plan = (
+                await tx.conn.exec_driver_sql(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe({values})".replace("%", "%%")
+                )
+            ).scalar_one()
+        finally:
+            await tx.conn.exec_driver_sql("DEALLOCATE probe")
+        await tx.conn.rollback()
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    return _partitions_reached(plan), _rows_written(plan)
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+async def test_acks_claims_and_publishes_reach_only_the_partitions_they_must(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client)
+    service = retention(runtime)
+    for round_ in range(3):  # three partitions with jobs: p0, p1, p2 (and p3 ahead)
+        await many_jobs(runtime, f"r{round_}-", PER_PARTITION)
+        await service.maintain()
+        await interval_over(runtime)
+        await service.maintain()
+    # Sizes the statistics see: on a few rows a hash join over a whole index is the cheaper
+    # plan for a batch of acks, whatever the partitioning.
+    await runtime.db.run_alone("ANALYZE job", {}, prepare=False)
+    assert await leaves(runtime) == ["job_p0", "job_p1", "job_p2", "job_p3", "job_p4"]
+    pk = await consumer_pk(runtime, k1.id)
+    claimed = await sql(runtime, "SELECT id FROM job WHERE id >= :low ORDER BY id", low=SPAN)
+    one = claimed[0][0]
+    await sql(runtime, "UPDATE job SET status = 'INFLIGHT' WHERE id = :id", id=one)
+    kept = attempts.DEFAULT_KEPT
+    single = await _explain(
+        runtime,
+        queue.ack_sql("pk", True, kept),
+        {"consumer_pk": pk, "consumer_type": "pull", "id": one, "attempt": None},
+    )
+    assert single == ({"job_p1"}, 1)
+    batch = await _explain(
+        runtime,
+        queue.ack_sql("pk", False, kept),
+        {
+            "consumer_pk": pk,
+            "consumer_type": "pull",
+            "ids": queue.int_array([one, one + 1]),
+            "attempts": queue.int_array([None, None]),
+        },
+    )
+    assert batch == ({"job_p1"}, 1)
+    # The claim's walk (claimable_jobs) goes through every attached partition's claim index,
+    # as it must (any may hold queued jobs until drained); its update reaches only the
+    # partition of the jobs it took.
+    await sql(runtime, "UPDATE job SET status = 'DELIVERED' WHERE id < :low", low=2 * SPAN)
+    claim = await _explain(
+        runtime,
+        queue.claim_sql("pk", 3, numbered=False, by_bytes=False, capped=True),
+        {
+            "consumer_pk": pk,
+            "consumer_type": "pull",
+            "incremental_timeout": 0,
+            "default_ack_wait": 30,
+        },
+    )
+    assert claim == ({"job_p2"}, 3)
+    # A publish inserts into the partition taking ids and reads no job partition.
+    published = await _explain(
+        runtime,
+        queue.PUBLISH,
+        {
+            "producer_id": "p1",
+            "channel_id": "c1",
+            "channel_token": runtime.tokens.digest("channel-token"),
+            "producer_token": runtime.tokens.digest("producer-token"),
+            "message_id": f"probe-{uuid.uuid4().hex}",
+            "payload": "probe",
+            "content_type": "text/plain",
+            "priority": 0,
+            "headers": "{}",
+            "scheduled_for": None,
+            "payload_size": 5,
+        },
+    )
+    assert published == (set(), 1)
+
+
+# -- the migration -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def migrated_to_0017(pg_base_url: str) -> Iterator[DatabaseConfig]:
+    """A database at the revision before the job table's partitions, with jobs in it."""
+    name = f"wb_partmig_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_base_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = f"{pg_base_url.rpartition('/')[0]}/{name}"
+    database = load_config_text(f"[rdbms]\ndialect=postgresql\nconnection-url={url}\n").database
+    try:
+        upgrade(database, "0017_consumer_backfill")
+        yield database
+    finally:
+        with psycopg.connect(pg_base_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+SEED = [
+    "INSERT INTO channel (id, name, token, created_at, updated_at)"
+    " VALUES ('c1', 'c1', 't', now(), now())",
+    "INSERT INTO producer (id, name, token, created_at, updated_at)"
+    " VALUES ('p1', 'p1', 't', now(), now())",
+    "INSERT INTO consumer (channel_id, consumer_id, name, token, type, created_at, updated_at)"
+    " SELECT 'c1', 'k' || g, 'k' || g, 't', 'pull', now(), now() FROM generate_series(1, 2) g",
+    "INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, headers,"
+    " received_at) SELECT 'c1', 'm' || g, 'p1', 'x', 'text/plain', '{}', now()"
+    " FROM generate_series(1, 500) g",
+    "INSERT INTO job (message_pk, consumer_pk, status, earliest_next_attempt_at,"
+    " status_changed_at, created_at)"
+    " SELECT m.pk, c.pk, (ARRAY['QUEUED', 'INFLIGHT', 'DELIVERED', 'DEAD'])[m.pk % 4 + 1],"
+    " now(), now(), now() FROM message m CROSS JOIN consumer c",
+]
+JOBS = "SELECT * FROM job ORDER BY id"
+COUNTS = (
+    "SELECT consumer_pk, status, sum(n) FROM job_count"
+    " GROUP BY 1, 2 HAVING sum(n) <> 0 ORDER BY 1, 2"
+)
+
+
+def test_the_migration_keeps_every_row_and_the_counts(migrated_to_0017: DatabaseConfig) -> None:
+    url = migrated_to_0017.connection_url
+    with psycopg.connect(url) as conn:
+        for statement in SEED:
+            conn.execute(statement)
+        jobs, counts = conn.execute(JOBS).fetchall(), conn.execute(COUNTS).fetchall()
+    assert len(jobs) == 1000
+
+    upgrade(migrated_to_0017)
+
+    with psycopg.connect(url) as conn:
+        assert conn.execute(JOBS).fetchall() == jobs
+        assert conn.execute(COUNTS).fetchall() == counts
+        assert conn.execute("SELECT pg_get_partkeydef('job'::regclass)").fetchone() == (
+            "RANGE (id)",
+        )
+        parts = conn.execute(
+            "SELECT name, lower_id, upper_id, status FROM job_partition"
+        ).fetchall()
+        assert parts == [("job_p0", None, SPAN, "ATTACHED")]
+        # The sequence goes on where it was; new jobs counted by the triggers on job.
+        row = conn.execute(
+            "INSERT INTO job (message_pk, consumer_pk, status, earliest_next_attempt_at,"
+            " status_changed_at, created_at) SELECT min(pk), (SELECT min(pk) FROM consumer),"
+            " 'QUEUED', now(), now(), now() FROM message RETURNING id, tableoid::regclass::text"
+        ).fetchone()
+        assert row == (max(j[0] for j in jobs) + 1, "job_p0")
+        queued = conn.execute("SELECT sum(n) FROM job_count WHERE status = 'QUEUED'").fetchone()
+        assert queued == (sum(n for _, s, n in counts if s == "QUEUED") + 1,)
+        # The foreign keys still hold: a job of no message is refused, a message's deletion
+        # takes its jobs along.
+        with pytest.raises(psycopg.errors.ForeignKeyViolation), conn.transaction():
+            conn.execute(
+                "INSERT INTO job (message_pk, consumer_pk, status, earliest_next_attempt_at,"
+                " status_changed_at, created_at) VALUES (-1, 1, 'QUEUED', now(), now(), now())"
+            )
+        conn.execute("DELETE FROM message WHERE message_id = 'm1'")
+        gone = conn.execute(
+            "SELECT count(*) FROM job WHERE message_pk NOT IN (SELECT pk FROM message)"
+        ).fetchone()
+        assert gone == (0,)
+        conn.execute("DELETE FROM job WHERE id = %s", (row[0],))
+        jobs_after = conn.execute(JOBS).fetchall()
+
+    command.downgrade(alembic_config(migrated_to_0017), "0017_consumer_backfill")
+    with psycopg.connect(url) as conn:
+        assert conn.execute(JOBS).fetchall() == jobs_after
+        assert conn.execute("SELECT to_regclass('job_partition')").fetchone() == (None,)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_sqlite_keeps_one_table(client: httpx.AsyncClient, runtime: Runtime) -> None:
+    (k1,) = await setup_channel(client)
+    await publish(client, "one")
+    service = retention(runtime)
+    report = await service.run_round()
+    assert (report.created, report.rotated_to, report.moved) == ([], None, 0)
+    assert await sql(runtime, "SELECT count(*) FROM job_partition") == [(0,)]
+    assert len(await pull_jobs(client, k1)) == 1
