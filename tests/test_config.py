@@ -565,6 +565,7 @@ INVALID_BY_PARSER = {
     "_networks": "10.0.0.0/33",
     "_postgres_url": "mysql://x/y",
     "_duration": "5 parsecs",
+    "_partition_interval": "-1d",
 }
 TYPED_KEYS = [
     (section.name, key) for section in SECTIONS for key in section.keys if key.parse is not str

@@ -598,3 +598,12 @@ async def test_sqlite_keeps_one_table(client: httpx.AsyncClient, runtime: Runtim
     assert (report.created, report.rotated_to, report.moved) == ([], None, 0)
     assert await sql(runtime, "SELECT count(*) FROM job_partition") == [(0,)]
     assert len(await pull_jobs(client, k1)) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [("1d", 86400.0), ("12h", 43200.0), ("30m", 1800.0), ("off", 0.0), ("0", 0.0)],
+)
+def test_the_interval_key(raw: str, seconds: float) -> None:
+    section = f"[rdbms]\ndialect=postgresql\npartition-interval={raw}\n"
+    assert load_config_text(section).database.partition_interval_seconds == seconds
