@@ -605,5 +605,5 @@ async def test_sqlite_keeps_one_table(client: httpx.AsyncClient, runtime: Runtim
     [("1d", 86400.0), ("12h", 43200.0), ("30m", 1800.0), ("off", 0.0), ("0", 0.0)],
 )
 def test_the_interval_key(raw: str, seconds: float) -> None:
-    section = f"[rdbms]\ndialect=postgresql\npartition-interval={raw}\n"
+    section = f"[rdbms]\npartition-interval={raw}\n"
     assert load_config_text(section).database.partition_interval_seconds == seconds
