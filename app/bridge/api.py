@@ -28,7 +28,7 @@ from app.domain.nats_consumers import (
 from app.domain.nats_pauses import PAUSE_TYPE, pause_request, pause_state
 from app.domain.priority import GROUP_NAME, GROUP_NAME_RULE, PriorityConfigError
 from app.services.bridge import BridgeService, Lookup
-from app.services.consumer_management import ConsumerManagement
+from app.services.consumer_management import ConsumerManagement, Created
 
 NAMES_PAGE = 1024
 
@@ -125,7 +125,7 @@ class ApiHandler:
         self._service = service
         self._streams = StreamStates(service.stream_state)
         # Told of a consumer created with a history deliver policy (app/bridge/backfill.py).
-        self.created: Callable[[], None] = _nothing
+        self.created: Callable[[Created], None] = _nothing
         self._cache = cache
         self._engine = engine
         self._prefix = prefix
@@ -335,8 +335,7 @@ class ApiHandler:
         if created.changed:
             self._cache.forget(created.consumer.channel_id, created.consumer.id)
             self._engine.consumer_changed(created.consumer)
-            if created.consumer.options.backfilling:
-                self.created()
+            self.created(created)
         return await self.info_document(created.consumer, kind)
 
     async def _refuse_management(self, stream: str, request: CreateRequest) -> None:
@@ -472,7 +471,7 @@ def _create_target(tokens: list[str], request: CreateRequest) -> tuple[str, str]
     return stream, name
 
 
-def _nothing() -> None:
+def _nothing(created: Created) -> None:
     pass
 
 

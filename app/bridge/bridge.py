@@ -171,7 +171,7 @@ class Bridge:
             manage=config.allow_consumer_management,
         )
         self.backfill = Backfiller(self.service.backfill())
-        self.api.created = self.backfill.wake
+        self.api.created = self.backfill.created
         self.acks = AckProcessor(self.service, self.cache.get, self.engine, self.out, self._publish)
         self.activity = Activity(self.service.mark_active, self.engine.num_waiting)
         self.engine.activity = self.activity

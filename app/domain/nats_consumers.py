@@ -673,7 +673,10 @@ def spec_of(consumer: Consumer, limits: ProcessLimits) -> ConsumerSpec:
         deliver_group=options.deliver_group or "",
         idle_heartbeat=options.idle_heartbeat or 0,
         flow_control=options.flow_control,
-        opt_start_seq=options.opt_start_seq or 0,
+        # The column keeps every history policy's first message pk (app/store/backfill.py).
+        opt_start_seq=(options.opt_start_seq or 0)
+        if options.deliver_policy == "by_start_sequence"
+        else 0,
         opt_start_time=options.opt_start_time,
         mem_storage=options.mem_storage,
     )

@@ -29,7 +29,7 @@ from app.domain.nats_consumers import (
 from app.domain.nats_pauses import config_pause
 from app.domain.priority import PriorityConfigError, priority_settings
 from app.services.admin import AdminService, new_token
-from app.services.backfill import CHUNK
+from app.services.backfill import CHUNK, Switched, finish
 from app.store.backfill import BackfillStore
 from app.store.bridge import BridgeStore
 from app.store.db import Database, Tx
@@ -72,6 +72,7 @@ def ephemeral_name() -> str:
 class Created:
     consumer: Consumer
     changed: bool  # False: the consumer already had this config
+    switched: Switched | None = None  # made live with its history copied: for make_up
 
 
 class ConsumerManagement:
@@ -126,10 +127,11 @@ class ConsumerManagement:
                 if created is None:
                     # Another request created it between the look-up and the insert.
                     raise jetstream_error(400, 10148, "consumer already exists")
+                switched = None
                 if history:
-                    created = await self._backfill(tx, created, wanted)
+                    created, switched = await self._backfill(tx, created, wanted)
                 tx.announce_change([created.pk])
-                return Created(created, True)
+                return Created(created, True, switched)
             if existing.type is not ConsumerType.PULL:
                 raise push_based(existing)
             current = self.spec(existing)
@@ -171,21 +173,22 @@ class ConsumerManagement:
             tx.announce_change([changed.pk])
         return changed
 
-    async def _backfill(self, tx: Tx, created: Consumer, wanted: ConsumerSpec) -> Consumer:
-        """Its jobs for the channel's stored messages first: the first chunk here, with the
-        channel locked (so a short history goes live at once, as app/services/backfill.py's
-        switch does); the rest by the bridges (app/bridge/backfill.py), publishes fanning
-        out to it once they are done."""
+    async def _backfill(
+        self, tx: Tx, created: Consumer, wanted: ConsumerSpec
+    ) -> tuple[Consumer, Switched | None]:
+        """Its jobs for the channel's stored messages first: a short history copied here with
+        the channel locked, and the consumer live at once (app/services/backfill.py's switch);
+        a longer one by the bridges (app/bridge/backfill.py), publishes fanning out to it once
+        they are done."""
         backfill = BackfillStore(tx)
         start = await backfill.start_at(
             created.channel_id, wanted.deliver_policy, wanted.opt_start_seq, wanted.opt_start_time
         )
         await backfill.begin(created.pk, start)
-        done = await backfill.copy(created.pk, start, CHUNK)
-        if done is not None and done[0] < CHUNK:
-            await backfill.go_live(created.pk, created.channel_id, done[1])
-            return created
-        return replace(created, options=replace(created.options, backfilling=True))
+        if await backfill.more_than(created.channel_id, start, CHUNK):
+            return replace(created, options=replace(created.options, backfilling=True)), None
+        _, switched = await finish(tx, created.pk, created.channel_id, start, CHUNK)
+        return created, switched
 
     async def delete(self, stream: str, name: str) -> Consumer:
         """The management API's delete, without its If-Unmodified-Since (NATS has none)."""

@@ -10,9 +10,11 @@ opening balance by the statement that moves the cursor.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, insert, literal, select, update
+from sqlalchemy import Insert, Select, func, insert, literal, select, update
 
 from app.domain.jobs import JobStatus
 from app.store.db import Tx, now
@@ -48,10 +50,24 @@ class BackfillStore:
             return 0 if found is None else int(found) + 1
         return 0  # all
 
+    async def more_than(self, channel_id: str, start: int, count: int) -> bool:
+        """Does the channel hold more than `count` messages from `start` on."""
+        query = (
+            select(message.c.pk)
+            .where(message.c.channel_id == channel_id, message.c.pk >= start)
+            .order_by(message.c.pk)
+            .offset(count)
+            .limit(1)
+        )
+        return (await self._tx.conn.execute(query)).first() is not None
+
     async def begin(self, consumer_pk: int, start: int) -> None:
-        """The new consumer copies from `start` before it goes live."""
+        """The new consumer copies from `start` before it goes live; `start` is kept as its
+        opt_start_seq (reported only for by_start_sequence, where it is the one asked for)."""
         await self._tx.conn.execute(
-            update(consumer).where(consumer.c.pk == consumer_pk).values(backfill_next=start)
+            update(consumer)
+            .where(consumer.c.pk == consumer_pk)
+            .values(backfill_next=start, opt_start_seq=start)
         )
         await LedgerStore(self._tx).suspend(consumer_pk)
 
@@ -77,10 +93,14 @@ class BackfillStore:
         found: str | None = (await self._tx.conn.execute(query)).scalar_one_or_none()
         return found
 
-    async def copy(self, consumer_pk: int, cursor: int, limit: int) -> tuple[int, int] | None:
+    async def copy(
+        self, consumer_pk: int, cursor: int, limit: int, *, fresh_from: datetime | None = None
+    ) -> tuple[int, int] | None:
         """Jobs for the next `limit` messages from `cursor` on, the cursor moved past them: how
         many were copied and the cursor now, or None: the consumer is gone, live, or copied by
-        another process."""
+        another process. With `fresh_from`, the copy stops before the first message received
+        since then: a publish still running may hold a smaller id, and a cursor moved past it
+        would never come back for it (the switch copies those, the channel locked)."""
         locked = (
             select(consumer.c.channel_id)
             .where(consumer.c.pk == consumer_pk, consumer.c.backfill_next == cursor)
@@ -89,58 +109,115 @@ class BackfillStore:
         channel_id = (await self._tx.conn.execute(locked)).scalar_one_or_none()
         if channel_id is None:
             return None
-        db_now = now(self._tx.dialect)
+        in_range = (message.c.channel_id == channel_id, message.c.pk >= cursor)
+        next_ones = select(message.c.pk, message.c.received_at).where(*in_range)
+        rows = (await self._tx.conn.execute(next_ones.order_by(message.c.pk).limit(limit))).all()
+        if fresh_from is not None:
+            rows = list(itertools.takewhile(lambda row: row.received_at < fresh_from, rows))
+        if not rows:
+            return 0, cursor
+        last = int(rows[-1].pk)
         picked = (
-            select(
-                message.c.pk,
-                literal(consumer_pk),
-                literal(JobStatus.QUEUED.value),
-                message.c.priority,
-                func.length(message.c.payload),
-                func.coalesce(message.c.scheduled_for, db_now),
-                db_now,
-                db_now,
-            )
-            .where(message.c.channel_id == channel_id, message.c.pk >= cursor)
+            self._jobs_for(consumer_pk)
+            .where(*in_range, message.c.pk <= last)
             # Jobs take their ids in message order: the claim hands them out in id order.
             .order_by(message.c.pk)
-            .limit(limit)
         )
-        copied = (
-            insert(job)
-            .from_select(
-                [
-                    "message_pk",
-                    "consumer_pk",
-                    "status",
-                    "priority",
-                    "payload_size",
-                    "earliest_next_attempt_at",
-                    "status_changed_at",
-                    "created_at",
-                ],
-                picked,
-            )
-            .returning(job.c.message_pk)
-        )
-        pks = list((await self._tx.conn.execute(copied)).scalars())
-        if not pks:
-            return 0, cursor
+        copied = len(list((await self._tx.conn.execute(_insert_jobs(picked))).scalars()))
         moved = (
             update(consumer)
             .where(consumer.c.pk == consumer_pk, consumer.c.backfill_next == cursor)
-            .values(
-                backfill_next=max(pks) + 1,
-                ledger_opening=consumer.c.ledger_opening + len(pks),
-            )
+            .values(backfill_next=last + 1, ledger_opening=consumer.c.ledger_opening + copied)
         )
         await self._tx.conn.execute(moved)
-        return len(pks), max(pks) + 1
+        return copied, last + 1
 
     async def cursor(self, consumer_pk: int) -> int | None:
         query = select(consumer.c.backfill_next).where(consumer.c.pk == consumer_pk)
         value = (await self._tx.conn.execute(query)).scalar_one_or_none()
         return None if value is None else int(value)
 
-    async def go_live(self, consumer_pk: int, channel_id: str, cursor: int) -> bool:
+    async def go_live(self, consumer_pk: int, channel_id: str, cursor: int) -> int | None:
+        """Live from the channel's next generation on (returned; None: not at `cursor`)."""
         return await LedgerStore(self._tx).go_live(consumer_pk, channel_id, cursor)
+
+    async def counted_before(self, channel_id: str, generation: int) -> int:
+        return await LedgerStore(self._tx).counted_before(channel_id, generation)
+
+    def _jobs_for(self, consumer_pk: int) -> Select[Any]:
+        """A QUEUED job's columns for each message selected (as _insert_jobs lists them)."""
+        db_now = now(self._tx.dialect)
+        return select(
+            message.c.pk,
+            literal(consumer_pk),
+            literal(JobStatus.QUEUED.value),
+            message.c.priority,
+            func.length(message.c.payload),
+            func.coalesce(message.c.scheduled_for, db_now),
+            db_now,
+            db_now,
+        )
+
+    async def start_of(self, consumer_pk: int) -> int:
+        query = select(consumer.c.opt_start_seq).where(consumer.c.pk == consumer_pk)
+        return int((await self._tx.conn.execute(query)).scalar_one_or_none() or 0)
+
+    async def make_up(
+        self, consumer_pk: int, channel_id: str, start: int, missing: int, since: datetime
+    ) -> int:
+        """Jobs for the newest `missing` messages of the channel from `start` on, received
+        since `since`, that the live consumer has none for (publishes that raced its switch
+        to live), added to its opening balance; how many were made."""
+        has_job = (
+            select(job.c.id)
+            .where(job.c.message_pk == message.c.pk, job.c.consumer_pk == consumer_pk)
+            .exists()
+        )
+        newest = (
+            select(message.c.pk)
+            .where(
+                message.c.channel_id == channel_id,
+                message.c.pk >= start,
+                message.c.received_at >= since,
+                ~has_job,
+            )
+            .order_by(message.c.pk.desc())
+            .limit(missing)
+            .subquery()
+        )
+        picked = (
+            self._jobs_for(consumer_pk)
+            .where(message.c.pk.in_(select(newest.c.pk)))
+            .order_by(message.c.pk)
+        )
+        made = _insert_jobs(picked)
+        count = len(list((await self._tx.conn.execute(made)).scalars()))
+        if count:
+            await self._tx.conn.execute(
+                update(consumer)
+                .where(consumer.c.pk == consumer_pk)
+                .values(ledger_opening=consumer.c.ledger_opening + count)
+            )
+        return count
+
+
+def _insert_jobs(picked: Select[Any]) -> Insert:
+    """QUEUED jobs from `picked`'s rows (message pk, consumer pk, status, priority, size, due,
+    changed, created), returning their ids."""
+    return (
+        insert(job)
+        .from_select(
+            [
+                "message_pk",
+                "consumer_pk",
+                "status",
+                "priority",
+                "payload_size",
+                "earliest_next_attempt_at",
+                "status_changed_at",
+                "created_at",
+            ],
+            picked,
+        )
+        .returning(job.c.id)
+    )
