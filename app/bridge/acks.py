@@ -58,6 +58,8 @@ class InboundAck(NamedTuple):
     token: p.AckToken
     command: p.AckCommand
     reply: str | None
+    # The bridge's own settle of an AckNone delivery as it was sent (app/bridge/engine.py).
+    sent: bool = False
 
 
 class AckProcessor:
@@ -122,6 +124,11 @@ class AckProcessor:
                 continue
             if self._engine.activity is not None:
                 self._engine.activity.touch(consumer)
+            if consumer.options.ack_policy == "none":
+                # A client's acks on an AckNone consumer change nothing, as on nats-server;
+                # its replies carry no job id (p.unacked_subject), so none is looked for.
+                self._reply_all([a for a in acks if not a.sent])
+                acks = [a for a in acks if a.sent]
             applicable = [a for a in acks if a.command.kind in _KINDS]
             unanswered: set[int] = set()
             for round_ in _rounds(applicable):

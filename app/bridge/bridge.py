@@ -351,7 +351,7 @@ class Bridge:
         self.push.flow_control_reply(msg.subject)
 
     def _settle(self, token: p.AckToken) -> None:
-        self.acks.submit(InboundAck(token, SENT, None))
+        self.acks.submit(InboundAck(token, SENT, None, sent=True))
 
     def _ack(self, subject: str, reply: str | None, payload: bytes) -> None:
         token = p.parse_ack_subject(self.ack_prefix, subject)

@@ -217,7 +217,8 @@ class PullEngine:
             job_id=job.id,
         )
         engine = self
-        reply = p.ack_subject(engine.ack_prefix, token)
+        acked = consumer.options.ack_policy != "none"
+        reply = (p.ack_subject if acked else p.unacked_subject)(engine.ack_prefix, token)
         backoff = consumer.options.backoff
         if backoff and job.attempt > 1:
             self.lease_for(consumer, job.id, job.attempt)

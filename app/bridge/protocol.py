@@ -502,6 +502,18 @@ def ack_subject(prefix: str, token: AckToken) -> str:
     )
 
 
+def unacked_subject(prefix: str, token: AckToken) -> str:
+    """An AckNone delivery's reply: nats-server's own form, `<prefix>.<stream>.<consumer>.
+    <delivered>.<sseq>.<dseq>.<ts ns>.<pending>`, without the job id, for nothing is
+    acknowledged on such a consumer (the bridge settles each delivery as it sends it).
+    nats-py's ordered consumer reads its sequences from fixed tokens of this form (tokens 5
+    and 6), which the form with domain and hash tokens would shift."""
+    return (
+        f"{prefix}.{token.stream}.{token.consumer}.{token.delivered}.{token.stream_seq}."
+        f"{token.consumer_seq}.{token.timestamp}.{token.pending}"
+    )
+
+
 _MAX_INT32 = 2**31 - 1
 # Channel and consumer ids are at most 255 characters without NUL (the management API refuses
 # others), so an ack naming anything else is for no delivery of ours; it is dropped here rather
