@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from app.api import hot
 from app.api.deps import ApiServices
 from app.api.errors import install_error_handlers
 from app.api.gateway import GatewayHmac
@@ -19,6 +20,9 @@ from app.config import Config
 from app.ui import install_console
 
 log = logging.getLogger(__name__)
+
+# The requests a busy broker answers most, matched before every other route (app/api/hot.py).
+HOT = (messages.broadcast, pull.pull, pull.ack, pull.ack_many)
 
 
 def create_app(
@@ -65,6 +69,7 @@ def create_app(
         app.include_router(module.router)
     if runtime is not None:
         install_console(app, config)  # /ui: the operator console (docs/console.md)
+    hot.install(app, HOT)  # after every route: it checks them all
     if config.gateway_auth.enabled:
         app.add_middleware(GatewayHmac, config=config)
     # Outside the gateway: its refusals leave bodies unread too.
