@@ -23,6 +23,7 @@ from app.config import PipelineConfig
 from app.pipeline.db import JdbcTarget
 from app.pipeline.progress import Progress
 from app.pipeline.schemas import ARCHIVED_JOB, PARTITIONS, conform
+from app.pipeline.spark import ArchiveFs
 from app.pipeline.transforms import with_day
 
 # Called after a partition's files are written and read back ("exported", before the mark)
@@ -77,6 +78,8 @@ def archived_partitions(spark: SparkSession, root: str, names: list[str]) -> Dat
     if not names:
         return None
     base = f"{root.rstrip('/')}/{DATASET}"
+    if not ArchiveFs(spark, root).has_data(base):
+        return None
     schema = StructType(
         [*ARCHIVED_JOB.fields, StructField("partition", StringType()), PARTITIONS["dt"]]
     )

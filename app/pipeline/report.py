@@ -1,7 +1,8 @@
 """report: delivery analytics over the archive plus the live tables, as JSON, Parquet and HTML.
 
 Archived jobs count once: only batches that reached DELETED are read, and the kept messages of
-a batch whose files still hold them are left out (they are still live).
+a batch whose files still hold them are left out (they are still live); of the job partitions
+archived whole, only those the broker detached or dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from app.config import PipelineConfig
 from app.pipeline.archive import batch_dir, read_batch_files, staging_dir
 from app.pipeline.db import JdbcTarget
 from app.pipeline.htmlreport import render
+from app.pipeline.partitions import archived_partitions
 from app.pipeline.progress import Progress
 from app.pipeline.schemas import ARCHIVED_JOB, PARTITIONS, REPORT_JOB, conform
 from app.pipeline.spark import ArchiveFs
@@ -87,7 +89,15 @@ class Reporter:
     def run(self, *, write: bool = True) -> ReportResult:
         started = time.monotonic()
         batches = self._store.deleted()
-        archived = self._archived_jobs(batches).withColumn("source", F.lit("archive"))
+        archived = self._archived_jobs(batches)
+        # Job partitions the broker detached or dropped after their export: gone from job,
+        # so read once, from their files (one still attached is read live).
+        parts = archived_partitions(
+            self._spark, self._config.archive_root, self._store.partitions_gone()
+        )
+        if parts is not None:
+            archived = archived.unionByName(conform(parts, REPORT_JOB))
+        archived = archived.withColumn("source", F.lit("archive"))
         live = self._live_jobs().withColumn("source", F.lit("live"))
         timed = with_timings(archived.unionByName(live)).cache()
         try:

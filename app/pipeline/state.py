@@ -147,6 +147,15 @@ class BatchStore:
             cur.execute(f"SELECT * FROM archive_batch WHERE {where} ORDER BY id")
             return [_batch(row) for row in cur.fetchall()]
 
+    def partitions_gone(self) -> list[str]:
+        """Job partitions archived whole and no longer part of job (app/pipeline/partitions)."""
+        with self._conn.transaction():
+            rows = self._conn.execute(
+                "SELECT name FROM job_partition WHERE status IN ('DETACHED', 'DROPPED')"
+                " ORDER BY upper_id"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
     def get(self, batch_id: int) -> Batch:
         with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT * FROM archive_batch WHERE id = %s", (batch_id,))

@@ -155,6 +155,12 @@ def test_a_closed_partition_is_archived_whole_then_dropped(
     # The moved jobs are still there, in job_p1.
     assert query(config, "SELECT count(*) AS n FROM job_p1") == [{"n": moved}]
 
+    # The report reads the dropped partition's jobs from its files, the rest live: each once.
+    reported = run("report", config, spark=spark)
+    assert reported["status"] == "ok", reported
+    assert reported["report"]["archived_jobs"] == len(rows)
+    assert reported["report"]["live_jobs"] == moved
+
     # Messages whose jobs all left go by the batch archive; those with a moved job stay.
     after = run("archive", config, spark=spark)
     assert after["status"] == "ok", after
