@@ -217,6 +217,14 @@ class Metrics:
             registry=self.registry,
         )
         self._reads_by_source: dict[str, Counter] = {}
+        # Labelled children found once per label set, as in `pushed`: labels() takes a lock
+        # and builds a key on every call, on every request's and statement's path. Each
+        # cache holds no more than the metric's own series (the children are the same).
+        self._request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._transitions: dict[str, Counter] = {}
+        self._statements: dict[str, Histogram] = {}
+        self._pull_waits: dict[tuple[str, PullEnd], Histogram] = {}
+        self._pull_jobs: dict[str, Counter] = {}
 
     def read_served(self, source: str) -> None:
         child = self._reads_by_source.get(source)
@@ -232,15 +240,28 @@ class Metrics:
 
     def transition(self, kind: str, count: int) -> None:
         if count:
-            self.transitions.labels(kind).inc(count)
+            child = self._transitions.get(kind)
+            if child is None:
+                child = self._transitions[kind] = self.transitions.labels(kind)
+            child.inc(count)
 
     def statement(self, name: str, seconds: float) -> None:
-        self.statements.labels(name).observe(seconds)
+        child = self._statements.get(name)
+        if child is None:
+            child = self._statements[name] = self.statements.labels(name)
+        child.observe(seconds)
 
     def pull_ended(self, transport: str, outcome: PullEnd, seconds: float, jobs: int) -> None:
-        self.pull_waits.labels(transport, outcome.name.lower()).observe(seconds)
+        key = (transport, outcome)
+        wait = self._pull_waits.get(key)
+        if wait is None:
+            wait = self._pull_waits[key] = self.pull_waits.labels(transport, outcome.name.lower())
+        wait.observe(seconds)
         if jobs:
-            self.pull_jobs.labels(transport).inc(jobs)
+            child = self._pull_jobs.get(transport)
+            if child is None:
+                child = self._pull_jobs[transport] = self.pull_jobs.labels(transport)
+            child.inc(jobs)
 
     def swept(self, seconds: float) -> None:
         self.sweeps.observe(seconds)
@@ -269,8 +290,15 @@ class Metrics:
         self.snapshot.read_at = time.monotonic()
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
-        self.request_seconds.labels(method, route).observe(seconds)
+        key = (method, route, status)
+        series = self._request_series.get(key)
+        if series is None:
+            series = self._request_series[key] = (
+                self.requests.labels(method, route, str(status)),
+                self.request_seconds.labels(method, route),
+            )
+        series[0].inc()
+        series[1].observe(seconds)
 
     def serve(self, host: str, port: int) -> Callable[[], None]:
         """/metrics on its own port, in a thread (processes without an HTTP API); returns the
