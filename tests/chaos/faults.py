@@ -26,16 +26,25 @@ class Faults:
     delete_consumer: Callable[[], Awaitable[None]]
     gap: tuple[float, float]  # seconds between faults
     _kinds: list[str] = field(default_factory=list)
+    # The archive of a job partition, which the broker's sweepers then detach and drop; True
+    # once one was ready (tried after each fault from drop_at on).
+    archive_partition: Callable[[], Awaitable[bool]] | None = None
 
-    async def run(self, until: float, delete_at: float) -> None:
+    async def run(self, until: float, delete_at: float, drop_at: float | None = None) -> None:
         """Inject faults until the journal's clock passes `until`; the consumer deletion once,
-        after `delete_at`."""
+        after `delete_at`; a partition archived and dropped once, after `drop_at`."""
         deck: list[str] = []
         deleted = False
+        dropped = False
         while True:
             await asyncio.sleep(self.rng.uniform(*self.gap))
             if self.journal.now() >= until:
                 return
+            ready = drop_at is not None and self.journal.now() >= drop_at
+            if ready and not dropped and self.archive_partition is not None:
+                dropped = await self.archive_partition()
+                if dropped:
+                    self.journal.faults["partition-drop"] += 1
             if not deleted and self.journal.now() >= delete_at:
                 deleted = True
                 await self.inject("consumer-delete")

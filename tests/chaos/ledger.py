@@ -285,3 +285,37 @@ def inflight(url: str) -> int:
         row = conn.execute("SELECT count(*) FROM job WHERE status = 'INFLIGHT'").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def archive_partition(url: str) -> tuple[str, list[JobRow]] | None:
+    """What `webhook-broker pipeline archive` does before the broker drops a job partition, in
+    one transaction: the rows of the oldest closed partition holding only delivered jobs, read
+    (locked against change) and kept as the archive, and the partition marked EXPORTED. None:
+    no partition is ready yet."""
+    with psycopg.connect(url) as conn:
+        names = conn.execute(
+            "SELECT name FROM job_partition WHERE status = 'ATTACHED' AND closed_at IS NOT NULL"
+            " ORDER BY upper_id"
+        ).fetchall()
+        for (name,) in names:
+            rows = conn.execute(
+                "SELECT c.consumer_id, m.message_id, j.status, j.attempt"
+                f" FROM {name} j JOIN consumer c ON c.pk = j.consumer_pk"
+                " JOIN message m ON m.pk = j.message_pk FOR SHARE OF j"
+            ).fetchall()
+            if not rows or any(row[2] != "DELIVERED" for row in rows):
+                conn.rollback()
+                continue
+            conn.execute(
+                "UPDATE job_partition SET status = 'EXPORTED', exported_rows = %s,"
+                " changed_at = now() WHERE name = %s AND status = 'ATTACHED'",
+                (len(rows), name),
+            )
+            conn.commit()
+            return name, [JobRow(*row) for row in rows]
+    return None
+
+
+def partition_states(url: str) -> dict[str, str]:
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute("SELECT name, status FROM job_partition").fetchall())

@@ -72,6 +72,9 @@ dialect=postgresql
 connection-url={db_url}
 max-open-connxns=8
 max-idle-connxns=4
+partition-interval=10s
+[pipeline]
+retention-days=0
 [http]
 write-timeout=10
 [broker]
@@ -192,8 +195,11 @@ async def _run(
         apis = Apis(clients)
         await ready(apis)
         secrets = await setup(clients[0], receiver.url)
-        summary = await _drive(settings, rng, journal, phase, apis, processes, cluster, nats_server)
-        summary.update(await _verify(settings, journal, apis, processes, db_url, secrets))
+        archived: list[ledger.JobRow] = []  # the jobs of partitions archived and dropped
+        summary = await _drive(
+            settings, rng, journal, phase, apis, processes, cluster, nats_server, archived
+        )
+        summary.update(await _verify(settings, journal, apis, processes, db_url, secrets, archived))
     finally:
         phase.stopped = True
         for process in processes:
@@ -218,9 +224,23 @@ async def _drive(
     processes: list[BrokerProcess],
     cluster: Cluster,
     nats_server: NatsServer,
+    archived: list[ledger.JobRow],
 ) -> dict[str, Any]:
     def child() -> random.Random:
         return random.Random(rng.getrandbits(64))
+
+    async def archive_partition() -> bool:
+        try:
+            done = await asyncio.to_thread(ledger.archive_partition, cluster.url("chaos"))
+        except psycopg.Error as error:  # the database may be down (a fault)
+            journal.event("partition-drop", f"not now: {type(error).__name__}")
+            return False
+        if done is None:
+            return False
+        name, rows = done
+        archived.extend(rows)
+        journal.event("fault", f"partition-drop {name} ({len(rows)} jobs archived)")
+        return True
 
     async def delete_doomed() -> None:
         for attempt in range(20):
@@ -252,9 +272,18 @@ async def _drive(
     tasks = [asyncio.create_task(c) for c in clients]
     monitor = asyncio.create_task(_monitor(journal, processes, phase))
     faults = Faults(
-        child(), journal, processes, cluster, nats_server, delete_doomed, settings.fault_gap
+        child(),
+        journal,
+        processes,
+        cluster,
+        nats_server,
+        delete_doomed,
+        settings.fault_gap,
+        archive_partition=archive_partition,
     )
-    await faults.run(until=settings.seconds, delete_at=settings.seconds * 0.4)
+    await faults.run(
+        until=settings.seconds, delete_at=settings.seconds * 0.4, drop_at=settings.seconds * 0.5
+    )
     # The drain: no more publishing or misbehaving; every process up; the work completes.
     phase.publishing = False
     phase.draining = True
@@ -304,6 +333,7 @@ async def _verify(
     processes: list[BrokerProcess],
     db_url: str,
     secrets: list[str],
+    archived: list[ledger.JobRow],
 ) -> dict[str, Any]:
     book = ledger.Ledger(journal)
     status = await apis.request("GET", "/job-status")
@@ -328,7 +358,14 @@ async def _verify(
     for gone in exits:
         journal.event("exit", f"{gone.process} {gone.code} after {gone.seconds}s")
     jobs, stored, deleted_jobs = await asyncio.to_thread(ledger.read_jobs, db_url)
-    book.messages_and_jobs(jobs, stored)
+    # The jobs of a dropped partition are in the archive: each message's jobs are those left
+    # and those archived; the status counts are the table's.
+    everything = jobs + archived
+    states = await asyncio.to_thread(ledger.partition_states, db_url)
+    for name, state in states.items():
+        if state != "ATTACHED":
+            book.check("an archived partition dropped", state == "DROPPED", name, state, None)
+    book.messages_and_jobs(everything, stored)
     book.check(
         "no job of the deleted consumer",
         deleted_jobs == 0,
@@ -336,8 +373,8 @@ async def _verify(
         str(deleted_jobs),
         None,
     )
-    book.final_states(jobs)
-    book.deliveries(jobs)
+    book.final_states(everything)
+    book.deliveries(everything)
     book.dead_letters(jobs, dlq.json())
     book.status_counts(jobs, status.json())
     book.answers()

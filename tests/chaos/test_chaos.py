@@ -37,6 +37,7 @@ async def test_a_short_chaos_run_keeps_every_invariant(
         "pg-outage",
         "nats-restart",
         "consumer-delete",
+        "partition-drop",
     }
     assert summary["jobs"].keys() <= {"DELIVERED", "DEAD"}
     assert summary["invariant checks"] > summary["messages"]

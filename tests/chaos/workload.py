@@ -274,7 +274,9 @@ class NatsPuller:
 
     async def work(self, msg: Any) -> None:
         tokens = msg.reply.split(".")
-        attempt = int(tokens[len(self.ack_prefix.split(".")) + 2])
+        # <prefix>._.<job id>.<stream>.<consumer>.<delivered>...: the delivery count is the
+        # attempt (the ack form with domain and account-hash tokens, app/bridge).
+        attempt = int(tokens[len(self.ack_prefix.split(".")) + 4])
         key = (NATS_CONSUMER, msg.headers["Nats-Msg-Id"])
         self.journal.received(key, attempt)
         self.journal.operations["jobs fetched over NATS"] += 1
