@@ -607,3 +607,55 @@ async def test_sqlite_keeps_one_table(client: httpx.AsyncClient, runtime: Runtim
 def test_the_interval_key(raw: str, seconds: float) -> None:
     section = f"[rdbms]\npartition-interval={raw}\n"
     assert load_config_text(section).database.partition_interval_seconds == seconds
+
+
+async def test_claims_go_on_while_a_partition_is_drained(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    # Workers pull and ack a backlog in an old partition while the sweeper's rounds hold and
+    # move it: no pull or ack fails (a claim never meets a moved row) and each message is
+    # delivered once.
+    (k1,) = await setup_channel(client)
+    await many_jobs(runtime, "old-", 600)
+    service = RetentionService(runtime.db, 3600, 0, hold_seconds=0.3, chunk=50)
+    await service.maintain()
+    await interval_over(runtime)
+    await service.maintain()
+    delivered: list[str] = []
+    failures: list[str] = []
+
+    async def worker() -> None:
+        while len(delivered) < 600:
+            r = await client.post(
+                f"{k1.base}/pull", json={"batch": 10, "no_wait": True}, headers=k1.auth
+            )
+            if r.status_code != 200:
+                failures.append(f"pull {r.status_code} {r.text}")
+                return
+            jobs = r.json()["Jobs"]
+            if not jobs:
+                await asyncio.sleep(0.02)  # a poll: the held jobs come due within 0.3 s
+                continue
+            acks = [{"id": j["ID"], "attempt": j["Attempt"]} for j in jobs]
+            r = await client.post(f"{k1.base}/ack", json={"acks": acks}, headers=k1.auth)
+            if r.status_code != 200 or any(o["status"] != 202 for o in r.json()["Results"]):
+                failures.append(f"ack {r.status_code} {r.text}")
+                return
+            delivered.extend(str(j["ID"]) for j in jobs)
+
+    async def sweeper() -> None:
+        while len(delivered) < 600 and not failures:
+            await service.drain()
+
+    await asyncio.wait_for(asyncio.gather(worker(), worker(), sweeper()), timeout=120)
+    assert failures == []
+    moved = [i for i in delivered if int(i) >= SPAN]
+    assert moved, "no job was moved while the workers claimed"
+    rows = await sql(
+        runtime,
+        "SELECT m.message_id, count(*) FROM job j JOIN message m ON m.pk = j.message_pk"
+        " WHERE j.status = 'DELIVERED' GROUP BY 1",
+    )
+    assert len(rows) == 600 and all(n == 1 for _, n in rows)
+    assert await sql(runtime, "SELECT count(*) FROM job WHERE status <> 'DELIVERED'") == [(0,)]
+    await counts_match_rows(runtime)
