@@ -58,10 +58,13 @@ class PushSink:
     """The scheduler's sink for one push consumer's standing request."""
 
     numbered = True
-    claims_ahead = True
 
     def __init__(self, pushes: PushDeliveries, consumer: Consumer) -> None:
         options = consumer.options
+        # A claim made ahead and given back (the window full, the connection busy) has used up
+        # delivery sequence numbers: an ordered consumer (AckNone) takes that for a gap and
+        # makes itself again, so AckNone consumers claim only what they send.
+        self.claims_ahead = options.ack_policy != "none"
         self.pushes = pushes
         self.engine = pushes.engine
         self.consumer_pk = consumer.pk

@@ -31,16 +31,18 @@ HEARTBEAT = 1.0
 class Reader:
     """An ordered push subscription collecting (data, stream sequence) in arrival order."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int) -> None:
+        self.count = count
         self.got: list[tuple[str, int]] = []
         self.errors: list[str] = []
         self.consumers: set[str] = set()
         self.done = asyncio.Event()
 
     async def on_message(self, msg: Msg) -> None:
-        self.got.append((msg.data.decode(), msg.metadata.sequence.stream))
+        # A message's first bytes name it (the big ones are padded after them).
+        self.got.append((msg.data[:6].decode(), msg.metadata.sequence.stream))
         self.consumers.add(msg.metadata.consumer)
-        if len(self.got) >= COUNT:
+        if len(self.got) >= self.count:
             self.done.set()
 
     async def on_error(self, exc: Exception) -> None:
@@ -48,9 +50,9 @@ class Reader:
 
 
 async def read_in_order(
-    url: str, during: Callable[[Reader], Awaitable[None]] | None = None
+    url: str, during: Callable[[Reader], Awaitable[None]] | None = None, count: int = COUNT
 ) -> Reader:
-    reader = Reader()
+    reader = Reader(count)
     nc = await nats.connect(url, error_cb=reader.on_error)
     try:
         js = nc.jetstream()
@@ -167,3 +169,52 @@ async def test_nats_py_ordered_push_consumer_reads_10000_in_order_across_a_bridg
     assert at_restart[0] < COUNT, "the bridge restarted after the client had read everything"
     # It read on from a consumer of its own making, by start sequence.
     assert len(reader.consumers) >= 2, reader.consumers
+
+
+BIG = 64 * 1024
+# 3 MiB: past the first flow control window (2 MiB), which the client answers.
+BIG_NAMES = [f"b{i:05d}" for i in range(48)]
+
+
+def padded(name: str) -> bytes:
+    return name.encode().ljust(BIG, b".")
+
+
+async def flow_controlled_read(url: str) -> tuple[tuple[bool, bool, int], int, int]:
+    """(in order, sequences rising, how many; consumers used; errors) of the big messages."""
+    reader = await read_in_order(url, count=len(BIG_NAMES))
+    return in_stream_order(reader.got, BIG_NAMES), len(reader.consumers), len(reader.errors)
+
+
+@uncapped_only
+async def test_nats_py_ordered_push_consumer_through_flow_control(
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+) -> None:
+    nc = await nats.connect(jetstream_server.url)
+    js = nc.jetstream()
+    try:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream("orders")
+        await js.add_stream(name="orders", subjects=["orders"])
+        for name in BIG_NAMES:
+            await js.publish("orders", padded(name))
+        expected = await flow_controlled_read(jetstream_server.url)
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream("orders")
+        await nc.close()
+    # One consumer all along: no gap ever made it start again.
+    assert expected == ((True, True, len(BIG_NAMES)), 1, 0)
+
+    for name in BIG_NAMES:
+        response = await client.post(
+            "/channel/orders/broadcast",
+            content=padded(name),
+            headers={**PUBLISH_HEADERS, "X-Broker-Message-ID": name},
+        )
+        assert response.status_code == 201, response.text
+    await make_bridge("hybrid")
+    assert await flow_controlled_read(hub.url) == expected
