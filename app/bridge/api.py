@@ -20,6 +20,7 @@ from app.domain.nats_consumers import (
     ConsumerApiError,
     CreateRequest,
     check_config,
+    go_depth_error,
     jetstream_error,
     parse_create_request,
     required_level,
@@ -246,6 +247,9 @@ class ApiHandler:
                 json.loads(body)
             except ValueError:
                 return p.api_error(p.STREAM_INFO_TYPE, 400, 10025, "invalid JSON")
+            except RecursionError:
+                depth = go_depth_error(body)
+                return p.api_error(p.STREAM_INFO_TYPE, 400, 10025, f"invalid JSON: {depth}")
         state = await self._streams.get(stream)
         if state is None:
             return p.stream_not_found(p.STREAM_INFO_TYPE)
@@ -481,7 +485,7 @@ def _empty_request(body: bytes) -> bool:
         return True
     try:
         parsed: object = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return parsed == {}
 

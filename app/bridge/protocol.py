@@ -612,7 +612,7 @@ def _nak_delay(rest: bytes) -> float | None:
     if rest[:1] == b"{":
         try:
             decoded = json.loads(rest)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         delay = decoded.get("delay") if isinstance(decoded, dict) else None
         # Go reads it into an int64 time.Duration: anything else is a bad delay, a plain NAK.
@@ -722,6 +722,8 @@ def unpin_group(body: bytes) -> str:
         decoded = json.loads(body.decode("utf-8", "replace"))
     except json.JSONDecodeError as exc:
         raise BadRequest(f"invalid JSON: {_go_json_error(exc)}") from None
+    except RecursionError:
+        raise BadRequest("invalid JSON: exceeded max depth") from None  # json.Unmarshal's text
     group = decoded.get("group") if isinstance(decoded, dict) else None
     if not isinstance(group, str) or not group:
         raise BadRequest("invalid JSON: consumer group not specified")

@@ -152,6 +152,35 @@ def _invalid_json(text: str) -> ConsumerApiError:
     return jetstream_error(400, 10025, f"invalid JSON: {text}")
 
 
+GO_MAX_DEPTH = 10_000  # encoding/json's maxNestingDepth
+
+
+def go_depth_error(body: bytes) -> str:
+    """What json.Decoder says of a document nested past Python's recursion limit: Go's own
+    text, with its offset in bytes where Go's limit is passed too (Python gives up sooner, at
+    about a thousand levels, where Go reads on; the request is refused either way)."""
+    depth = 0
+    in_string = escaped = False
+    # Byte by byte: no byte of a multi-byte UTF-8 sequence is one of these ASCII characters.
+    for index, byte in enumerate(body):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > GO_MAX_DEPTH:
+                return f"exceeded max depth at offset {index + 1}"
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return "exceeded max depth"
+
+
 def _type_error(value: object, where: str, go_type: str) -> ConsumerApiError:
     kind = _kind(value)
     if kind == "number":
@@ -227,6 +256,8 @@ def parse_create_request(body: bytes) -> CreateRequest:
         raw = json.loads(text)
     except ValueError as exc:
         raise _invalid_json(str(exc)) from None
+    except RecursionError:
+        raise _invalid_json(go_depth_error(body)) from None
     if not isinstance(raw, dict):
         raise _invalid_json(f"json: cannot unmarshal {_kind(raw)} into Go value")
     stream = raw.get("stream_name")
@@ -354,7 +385,7 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         )
     max_waiting = int(config.get("max_waiting") or 0)
     is_durable = bool(config.get("durable_name"))
-    inactive_threshold = max(int(config.get("inactive_threshold") or 0), 0)
+    inactive_threshold = requested_threshold(config)
     if not is_durable and inactive_threshold == 0:
         # updateInactiveThreshold: ephemerals always expire, and the config shows it.
         inactive_threshold = DEFAULT_EPHEMERAL_THRESHOLD
@@ -399,7 +430,8 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
     metadata = {
         k: v for k, v in (config.get("metadata") or {}).items() if not k.startswith(DYNAMIC_PREFIX)
     }
-    if sum(len(k) + len(v) for k, v in metadata.items()) > MAX_METADATA:
+    # Counted in UTF-8 bytes, as Go's len() counts a string.
+    if sum(_utf8_length(k) + _utf8_length(v) for k, v in metadata.items()) > MAX_METADATA:
         raise jetstream_error(400, 10135, "consumer metadata exceeds maximum size of 128KB")
     priority = _priority(config)
 
@@ -439,6 +471,11 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         opt_start_time=_start_time(config.get("opt_start_time")),
         mem_storage=bool(config.get("mem_storage")),
     )
+
+
+def _utf8_length(text: str) -> int:
+    """Bytes Go's len() counts: a lone surrogate (which Go reads as U+FFFD) is three too."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 # RFC 3339 as Go's time.Time unmarshals it, with up to nine fraction digits.
@@ -680,6 +717,24 @@ def spec_of(consumer: Consumer, limits: ProcessLimits) -> ConsumerSpec:
         opt_start_time=options.opt_start_time,
         mem_storage=options.mem_storage,
     )
+
+
+def requested_threshold(config: Mapping[str, Any]) -> int:
+    """The inactive threshold a request sets itself (setConsumerConfigDefaults: a negative one
+    is none), before an ephemeral's default is stamped on it."""
+    return max(int(config.get("inactive_threshold") or 0), 0)
+
+
+def update_threshold(current: ConsumerSpec, config: Mapping[str, Any]) -> int:
+    """An existing consumer's inactive threshold after an update, as updateInactiveThreshold
+    sets it: only a consumer that already expires gets the ephemeral default; one that never
+    expired (a durable) never starts to because the request leaves out durable_name."""
+    given = requested_threshold(config)
+    if given == current.inactive_threshold:
+        return given
+    if not current.durable and given == 0:
+        return DEFAULT_EPHEMERAL_THRESHOLD
+    return given
 
 
 def check_update(current: ConsumerSpec, wanted: ConsumerSpec) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from app.domain.nats_consumers import ConsumerApiError, jetstream_error
+from app.domain.nats_consumers import ConsumerApiError, go_depth_error, jetstream_error
 
 PAUSE_TYPE = "io.nats.jetstream.api.v1.consumer_pause_response"
 GO_ZERO = datetime(1, 1, 1, tzinfo=UTC)
@@ -56,6 +56,8 @@ def pause_request(body: bytes) -> datetime | None:
         document = json.loads(text)
     except ValueError as exc:
         raise _invalid(str(exc)) from None
+    except RecursionError:
+        raise _invalid(go_depth_error(body)) from None
     if not isinstance(document, dict):
         raise _invalid(
             "json: cannot unmarshal array into Go value of type JSApiConsumerPauseRequest"

@@ -24,7 +24,9 @@ from app.domain.nats_consumers import (
     delivers_history,
     jetstream_error,
     refuse_unsupported,
+    requested_threshold,
     spec_of,
+    update_threshold,
 )
 from app.domain.nats_pauses import config_pause
 from app.domain.priority import PriorityConfigError, priority_settings
@@ -135,10 +137,17 @@ class ConsumerManagement:
             if existing.type is not ConsumerType.PULL:
                 raise push_based(existing)
             current = self.spec(existing)
+            # A request without durable_name names an existing durable too (by the subject, or
+            # by config.name on the bare CREATE subject): as on nats-server it updates it, but
+            # the ephemeral default threshold is not stamped on a consumer that never expired.
+            wanted = replace(wanted, inactive_threshold=update_threshold(current, request.config))
+            if request.action == "create":
+                # nats-server compares the request as sent, before any threshold is stamped.
+                sent = replace(wanted, inactive_threshold=requested_threshold(request.config))
+                if sent != current:
+                    raise jetstream_error(400, 10148, "consumer already exists")
             if wanted == current:
                 return Created(existing, False)
-            if request.action == "create":
-                raise jetstream_error(400, 10148, "consumer already exists")
             check_update(current, wanted)
             refuse_unsupported(wanted, request.config, stream, self.limits)
             try:

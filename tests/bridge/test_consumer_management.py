@@ -418,3 +418,164 @@ async def test_management_can_be_turned_off(
         assert (await request(nc, "CONSUMER.NAMES.orders"))["consumers"] == ["workers"]
     finally:
         await nc.close()
+
+
+# -- a request without durable_name naming a durable; bodies nested too deep; metadata bytes --
+
+DEEP = b"[" * 100_000
+# Each API request with a body nested far past any JSON reader's depth limit.
+DEEP_SUBJECTS = (
+    "CONSUMER.INFO.orders.workers",
+    "CONSUMER.CREATE.orders.workers",
+    "CONSUMER.CREATE.orders",
+    "CONSUMER.DURABLE.CREATE.orders.workers",
+    "CONSUMER.PAUSE.orders.workers",
+    "CONSUMER.DELETE.orders.nobody",
+    "CONSUMER.UNPIN.orders.workers",
+    "CONSUMER.NAMES.orders",
+    "CONSUMER.LIST.orders",
+    "STREAM.INFO.orders",
+    "STREAM.NAMES",
+    "STREAM.LIST",
+)
+# Their descriptions are compared too (the paged requests' syntax errors carry Go's offsets,
+# which the bridge does not count).
+DEEP_TEXTS_COMPARED = (
+    "CONSUMER.INFO.orders.workers",
+    "CONSUMER.CREATE.orders.workers",
+    "CONSUMER.CREATE.orders",
+    "CONSUMER.DURABLE.CREATE.orders.workers",
+    "CONSUMER.PAUSE.orders.workers",
+    "CONSUMER.DELETE.orders.nobody",
+    "CONSUMER.UNPIN.orders.workers",
+    "STREAM.INFO.orders",
+)
+
+
+def lifetime_seen(document: dict[str, Any]) -> Any:
+    """A consumer's name, durability and inactive threshold, or the error."""
+    if "error" in document:
+        return document["error"]
+    config = document["config"]
+    return {k: config.get(k) for k in ("name", "durable_name", "inactive_threshold")}
+
+
+async def takeover_script(url: str) -> dict[str, Any]:
+    """CREATE requests without durable_name that name existing consumers: the durable
+    `workers` (made over HTTP on the bridge) by config.name on the bare subject, a durable made
+    here by its subject; an ephemeral re-created and made durable."""
+    nc = await nats.connect(url)
+    r: dict[str, Any] = {}
+    try:
+        bare = {"name": "workers", "ack_policy": "explicit"}
+        r["bare_name"] = lifetime_seen(
+            await request(nc, "CONSUMER.CREATE.orders", create_body(bare))
+        )
+        r["bare_name_info"] = lifetime_seen(await request(nc, "CONSUMER.INFO.orders.workers"))
+        durable = {"durable_name": "keep", "ack_policy": "explicit"}
+        r["durable"] = lifetime_seen(
+            await request(nc, "CONSUMER.CREATE.orders.keep", create_body(durable))
+        )
+        unnamed = {"ack_policy": "explicit", "description": "no durable name"}
+        r["create_unnamed"] = lifetime_seen(
+            await request(nc, "CONSUMER.CREATE.orders.keep", create_body(unnamed, "create"))
+        )
+        r["update_unnamed"] = lifetime_seen(
+            await request(nc, "CONSUMER.CREATE.orders.keep", create_body(unnamed))
+        )
+        r["update_unnamed_info"] = lifetime_seen(await request(nc, "CONSUMER.INFO.orders.keep"))
+        ephemeral = {"ack_policy": "explicit"}
+        r["ephemeral"] = lifetime_seen(
+            await request(nc, "CONSUMER.CREATE.orders.eph", create_body(ephemeral))
+        )
+        r["ephemeral_again_create"] = lifetime_seen(
+            await request(nc, "CONSUMER.CREATE.orders.eph", create_body(ephemeral, "create"))
+        )
+        r["ephemeral_made_durable"] = lifetime_seen(
+            await request(
+                nc,
+                "CONSUMER.CREATE.orders.eph",
+                create_body({"durable_name": "eph", "ack_policy": "explicit"}),
+            )
+        )
+        wide = {"durable_name": "meta", "ack_policy": "explicit", "metadata": {"k": "é" * 70_000}}
+        r["metadata_bytes"] = lifetime_seen(
+            await request(nc, "CONSUMER.CREATE.orders.meta", create_body(wide))
+        )
+        for subject in DEEP_SUBJECTS:
+            error = (await request(nc, subject, DEEP)).get("error") or {}
+            seen = (error.get("code"), error.get("err_code"))
+            r[f"deep {subject}"] = (*seen, error.get("description"))[
+                : 3 if subject in DEEP_TEXTS_COMPARED else 2
+            ]
+        for name in ("keep", "eph"):
+            await request(nc, f"CONSUMER.DELETE.orders.{name}")
+    finally:
+        await nc.close()
+    return r
+
+
+_takeover_reference: dict[str, Any] = {}
+
+
+@uncapped_only
+async def test_no_durable_name_never_makes_a_durable_expire(
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    runtime: Runtime,
+) -> None:
+    """nats-server lets such a request update the durable (its config then shows no durable
+    name) but never stamps the ephemeral's 5 s threshold on it: the bridge answers the same and
+    its sweeper, which deletes consumers by that threshold, leaves the consumer alone. Bodies
+    nested 100,000 deep are refused as nats-server refuses them (400, never a 500), and
+    metadata is measured in UTF-8 bytes."""
+    if not _takeover_reference:
+        nc = await nats.connect(jetstream_server.url)
+        try:
+            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
+            _takeover_reference.update(await takeover_script(jetstream_server.url))
+        finally:
+            with contextlib.suppress(NotFoundError):
+                await nc.jetstream().delete_stream("orders")
+            await nc.close()
+    expected = _takeover_reference
+    # The reference itself: the durable is updated, named but not durable, and never expires.
+    assert expected["bare_name"] == {
+        "name": "workers",
+        "durable_name": None,
+        "inactive_threshold": None,
+    }
+    assert expected["update_unnamed_info"]["inactive_threshold"] is None
+    assert expected["create_unnamed"]["err_code"] == 10148
+    assert expected["ephemeral_again_create"]["err_code"] == 10148
+    assert expected["ephemeral_made_durable"]["inactive_threshold"] == 5 * NANOS
+    assert expected["metadata_bytes"]["err_code"] == 10135
+    assert expected["deep CONSUMER.INFO.orders.workers"] == (
+        400,
+        10038,
+        "expected an empty request payload",
+    )
+    assert expected["deep CONSUMER.CREATE.orders"] == (
+        400,
+        10025,
+        "invalid JSON: exceeded max depth at offset 10001",
+    )
+
+    await make_bridge("client")
+    actual = await takeover_script(hub.url)
+    differing = {k: (actual.get(k), v) for k, v in expected.items() if actual.get(k) != v}
+    assert not differing, (sorted(differing), differing)
+    assert actual.keys() == expected.keys()
+    # What the sweeper deletes by: the consumer made over HTTP has no inactive threshold.
+    async with runtime.db.transaction() as tx:
+        rows = await tx.conn.execute(
+            text("SELECT inactive_threshold FROM consumer WHERE consumer_id = 'workers'")
+        )
+        assert rows.scalar_one() is None
+
+
+def test_a_nak_delay_nested_too_deep_is_a_plain_nak() -> None:
+    """processNak: a delay json.Unmarshal cannot read is a NAK without delay, not an error."""
+    command = p.parse_ack(b'-NAK {"delay":' + DEEP)
+    assert command == p.AckCommand(p.AckKind.NAK, delay=None)
