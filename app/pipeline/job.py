@@ -157,7 +157,10 @@ def _run_locked(
             if command in ("archive", "all") and not dry_run and by_partition:
                 parts = PartitionArchiver(session, pipeline, jdbc, conn, progress, partition_hook)
                 result["partitions"] = parts.run().as_dict()
-            if command in ("archive", "all") and not dry_run:
+            waiting = store.partitions_in_flight() if by_partition else []
+            if command in ("archive", "all") and not dry_run and waiting:
+                progress.line(f"message batches wait for the broker to drop {', '.join(waiting)}")
+            elif command in ("archive", "all") and not dry_run:
                 archiver = Archiver(session, pipeline, jdbc, store, progress, hook)
                 result["archive"] = archiver.run().as_dict()
             if command in ("report", "all"):

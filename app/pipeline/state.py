@@ -156,6 +156,17 @@ class BatchStore:
             ).fetchall()
         return [str(r[0]) for r in rows]
 
+    def partitions_in_flight(self) -> list[str]:
+        """Job partitions exported but not yet dropped by the broker. A detached one keeps its
+        foreign keys, so deleting a message of its jobs would delete them there too, unseen
+        by the counts its drop takes them out of: no batch is planned meanwhile."""
+        with self._conn.transaction():
+            rows = self._conn.execute(
+                "SELECT name FROM job_partition WHERE status IN ('EXPORTED', 'DETACHED')"
+                " ORDER BY upper_id"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
     def get(self, batch_id: int) -> Batch:
         with self._conn.transaction(), self._conn.cursor(row_factory=dict_row) as cur:
             cur.execute("SELECT * FROM archive_batch WHERE id = %s", (batch_id,))

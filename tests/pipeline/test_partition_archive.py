@@ -140,6 +140,7 @@ def test_a_closed_partition_is_archived_whole_then_dropped(
     assert rerun["status"] == "ok", rerun
     assert rerun["partitions"]["exported"] == ["job_p0"]
     assert rerun["partitions"]["jobs"] == len(rows)
+    assert "archive" not in rerun  # no message batch until the broker dropped the partition
     state = "SELECT status, exported_rows FROM job_partition WHERE name = 'job_p0'"
     assert query(config, state) == [{"status": "EXPORTED", "exported_rows": len(rows)}]
     # Archived whole, value for value, once (the crashed export's files replaced).
