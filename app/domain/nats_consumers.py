@@ -282,8 +282,24 @@ def parse_create_request(body: bytes) -> CreateRequest:
     for key, value in (given or {}).items():
         name = key if key in _CONFIG_FIELDS else _folded(key)
         if name is not None:
-            config[name] = _checked(name, value)
-    return CreateRequest(stream or "", config, ACTIONS[action], pedantic)
+            # A checked value is at most a list or a map of strings: shallow.
+            config[name] = _go_strings(_checked(name, value))
+    return CreateRequest(_go_strings(stream or ""), config, ACTIONS[action], pedantic)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _go_strings(value: Any) -> Any:
+    """Strings as Go decodes them: a `\\uXXXX` escape of half a surrogate pair is U+FFFD
+    (Python keeps it, and it cannot be encoded, measured or stored)."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_go_strings(item) for item in value]
+    if isinstance(value, dict):
+        return {_go_strings(k): _go_strings(v) for k, v in value.items()}
+    return value
 
 
 def _folded(key: str) -> str | None:
@@ -431,7 +447,7 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         k: v for k, v in (config.get("metadata") or {}).items() if not k.startswith(DYNAMIC_PREFIX)
     }
     # Counted in UTF-8 bytes, as Go's len() counts a string.
-    if sum(_utf8_length(k) + _utf8_length(v) for k, v in metadata.items()) > MAX_METADATA:
+    if sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items()) > MAX_METADATA:
         raise jetstream_error(400, 10135, "consumer metadata exceeds maximum size of 128KB")
     priority = _priority(config)
 
@@ -471,11 +487,6 @@ def check_config(config: Mapping[str, Any]) -> ConsumerSpec:
         opt_start_time=_start_time(config.get("opt_start_time")),
         mem_storage=bool(config.get("mem_storage")),
     )
-
-
-def _utf8_length(text: str) -> int:
-    """Bytes Go's len() counts: a lone surrogate (which Go reads as U+FFFD) is three too."""
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 # RFC 3339 as Go's time.Time unmarshals it, with up to nine fraction digits.

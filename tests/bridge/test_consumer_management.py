@@ -502,13 +502,23 @@ async def takeover_script(url: str) -> dict[str, Any]:
         r["metadata_bytes"] = lifetime_seen(
             await request(nc, "CONSUMER.CREATE.orders.meta", create_body(wide))
         )
+        # Half a surrogate pair, which Go decodes as U+FFFD (json.dumps escapes it as \\udXXX).
+        halves = {
+            "durable_name": "halves",
+            "ack_policy": "explicit",
+            "description": "\ud800",
+            "metadata": {"k": "\udfff"},
+            "filter_subject": "orders",
+        }
+        made = await request(nc, "CONSUMER.CREATE.orders.halves", create_body(halves))
+        r["lone_surrogates"] = made.get("error") or config_seen(made)
         for subject in DEEP_SUBJECTS:
             error = (await request(nc, subject, DEEP)).get("error") or {}
             seen = (error.get("code"), error.get("err_code"))
             r[f"deep {subject}"] = (*seen, error.get("description"))[
                 : 3 if subject in DEEP_TEXTS_COMPARED else 2
             ]
-        for name in ("keep", "eph"):
+        for name in ("keep", "eph", "halves"):
             await request(nc, f"CONSUMER.DELETE.orders.{name}")
     finally:
         await nc.close()
@@ -529,7 +539,7 @@ async def test_no_durable_name_never_makes_a_durable_expire(
     name) but never stamps the ephemeral's 5 s threshold on it: the bridge answers the same and
     its sweeper, which deletes consumers by that threshold, leaves the consumer alone. Bodies
     nested 100,000 deep are refused as nats-server refuses them (400, never a 500), and
-    metadata is measured in UTF-8 bytes."""
+    metadata is measured in UTF-8 bytes, half a surrogate pair read as U+FFFD."""
     if not _takeover_reference:
         nc = await nats.connect(jetstream_server.url)
         try:
@@ -551,6 +561,7 @@ async def test_no_durable_name_never_makes_a_durable_expire(
     assert expected["ephemeral_again_create"]["err_code"] == 10148
     assert expected["ephemeral_made_durable"]["inactive_threshold"] == 5 * NANOS
     assert expected["metadata_bytes"]["err_code"] == 10135
+    assert expected["lone_surrogates"]["description"] == "\ufffd"
     assert expected["deep CONSUMER.INFO.orders.workers"] == (
         400,
         10038,
@@ -565,7 +576,7 @@ async def test_no_durable_name_never_makes_a_durable_expire(
     await make_bridge("client")
     actual = await takeover_script(hub.url)
     differing = {k: (actual.get(k), v) for k, v in expected.items() if actual.get(k) != v}
-    assert not differing, (sorted(differing), differing)
+    assert not differing, json.dumps(differing)
     assert actual.keys() == expected.keys()
     # What the sweeper deletes by: the consumer made over HTTP has no inactive threshold.
     async with runtime.db.transaction() as tx:
