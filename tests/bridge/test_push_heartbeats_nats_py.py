@@ -1,0 +1,81 @@
+"""nats-py's push subscription with idle heartbeats on a consumer that acknowledges: after a
+delivery, nats-py checks each idle heartbeat against the delivery's reply subject, reading
+the sequences from fixed tokens of nats-server's form (`$JS.ACK.<stream>.<consumer>.
+<delivered>.<sseq>.<dseq>...`). The bridge's form with the job id in the account-hash token
+shifts them (hybrid: int() of the consumer name; client mode: the `$WB.ACK` prefix is no
+JetStream reply), and the exception stops the connection's read loop: nothing more arrives.
+A known difference (docs/guides/nats-bridge.md, "What differs"), expected to fail until the
+bridge's ack-requiring deliveries carry nats-server's form."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+import nats
+import pytest
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
+
+from tests.bridge.conftest import BridgeFactory, publish_http, reference_consumer, uncapped_only
+from tests.helpers.natsproc import NatsServer
+
+
+async def script(url: str, publish: object) -> list[bytes]:
+    """Two deliveries, an idle heartbeat, a third delivery; what arrives."""
+    nc = await nats.connect(url)
+    watcher = await nats.connect(url)
+    got: asyncio.Queue[Msg] = asyncio.Queue()
+    try:
+        sub = await nc.jetstream().subscribe(
+            "orders", durable="hbd", stream="orders", cb=got.put, idle_heartbeat=0.5
+        )
+        deliver = sub._sub._subject  # noqa: SLF001 (the inbox nats-py made)
+        beats = await watcher.subscribe(deliver)
+        await publish(["first", "second"])  # type: ignore[operator]
+        arrived = [(await asyncio.wait_for(got.get(), 10)).data for _ in range(2)]
+        # An idle heartbeat after the deliveries (Nats-Last-Consumer 2): nats-py checks it
+        # against the last delivery's reply.
+        while not ((await beats.next_msg(timeout=5)).headers or {}).get("Status"):
+            pass
+        await publish(["third"])  # type: ignore[operator]
+        arrived.append((await asyncio.wait_for(got.get(), 10)).data)
+        return arrived
+    finally:
+        await nc.close()
+        await watcher.close()
+
+
+@uncapped_only
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason="the reply form with the job id")
+@pytest.mark.parametrize("mode", ["client", "hybrid"])
+async def test_nats_py_push_with_heartbeats_goes_on_after_a_heartbeat(
+    mode: str,
+    jetstream_server: NatsServer,
+    hub: NatsServer,
+    make_bridge: BridgeFactory,
+    client: httpx.AsyncClient,
+) -> None:
+    # The script holds on real JetStream.
+    nc = await nats.connect(jetstream_server.url)
+    js = nc.jetstream()
+    try:
+        await reference_consumer(nc, ack_wait=2, max_ack_pending=-1)
+
+        async def js_publish(names: list[str]) -> None:
+            for name in names:
+                await js.publish("orders", name.encode())
+
+        assert await script(jetstream_server.url, js_publish) == [b"first", b"second", b"third"]
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream("orders")
+        await nc.close()
+
+    await make_bridge(mode)
+
+    async def publish(names: list[str]) -> None:
+        await publish_http(client, names)
+
+    assert await script(hub.url, publish) == [b"first", b"second", b"third"]
