@@ -126,9 +126,11 @@ class AckProcessor:
                 self._engine.activity.touch(consumer)
             if consumer.options.ack_policy == "none":
                 # A client's acks on an AckNone consumer change nothing, as on nats-server;
-                # its replies carry no job id (p.unacked_subject), so none is looked for.
+                # its replies carry no job id (p.server_ack_subject), so none is looked for.
                 self._reply_all([a for a in acks if not a.sent])
                 acks = [a for a in acks if a.sent]
+            elif consumer.options.deliver_subject:
+                acks = await self._by_message(consumer, acks)
             applicable = [a for a in acks if a.command.kind in _KINDS]
             unanswered: set[int] = set()
             for round_ in _rounds(applicable):
@@ -156,6 +158,21 @@ class AckProcessor:
                 if ack.command.kind is p.AckKind.NEXT and ack.reply:
                     self._engine.submit(consumer, ack.reply, ack.command.next_request)
         await self._replies.flush()
+
+    async def _by_message(self, consumer: Consumer, acks: list[InboundAck]) -> list[InboundAck]:
+        """A push delivery's ack names its message (p.server_ack_subject): each gets the
+        consumer's job for that message, or none (0: no job has it, so the ack meets nothing,
+        as an ack of a job that is gone)."""
+        named = {a.token.stream_seq for a in acks if a.token.server_form and not a.sent}
+        if not named:
+            return acks
+        jobs = await self._service.jobs_of_messages(consumer, sorted(named))
+        return [
+            a._replace(token=a.token._replace(job_id=jobs.get(a.token.stream_seq, 0)))
+            if a.token.server_form and not a.sent
+            else a
+            for a in acks
+        ]
 
     def _reply_all(self, acks: list[InboundAck]) -> None:
         for ack in acks:

@@ -206,6 +206,7 @@ class PullEngine:
         JetStream sends it, and say how many bytes it counts against max_bytes; None (and
         nothing sent) when that exceeds `bytes_left`."""
         job = delivery.job
+        options = consumer.options
         token = p.AckToken(
             stream=consumer.channel_id,
             consumer=consumer.id,
@@ -217,9 +218,10 @@ class PullEngine:
             job_id=job.id,
         )
         engine = self
-        acked = consumer.options.ack_policy != "none"
-        reply = (p.ack_subject if acked else p.unacked_subject)(engine.ack_prefix, token)
-        backoff = consumer.options.backoff
+        # nats-server's form where nats-py reads fixed tokens: AckNone and push deliveries.
+        server_form = options.ack_policy == "none" or bool(options.deliver_subject)
+        reply = (p.server_ack_subject if server_form else p.ack_subject)(engine.ack_prefix, token)
+        backoff = options.backoff
         if backoff and job.attempt > 1:
             self.lease_for(consumer, job.id, job.attempt)
         headers = delivery_headers(job, consumer.channel_id)

@@ -477,9 +477,10 @@ class AckToken(NamedTuple):
 
     The stream sequence is the message's position in its channel (its pk); the job travels
     apart, so an ack finds its job by primary key as before, with no index on (consumer,
-    message) to keep up on every publish and no look-up before the ack statement. The older
-    form without the two tokens (its stream sequence was the job id) is still read, for
-    deliveries made before an upgrade."""
+    message) to keep up on every publish and no look-up before the ack statement. Push and
+    AckNone deliveries carry nats-server's form without the two tokens instead
+    (server_ack_subject); that form is also how pull deliveries made before an upgrade named
+    their job (as the stream sequence)."""
 
     stream: str
     consumer: str
@@ -489,6 +490,10 @@ class AckToken(NamedTuple):
     timestamp: int
     pending: int
     job_id: int
+    # Parsed from nats-server's own form (no domain and hash tokens): a push consumer's
+    # delivery, whose job is found by its message (job_id is then the stream sequence), or
+    # a pull delivery made before an upgrade, whose stream sequence was the job id.
+    server_form: bool = False
 
 
 # No JetStream domain.
@@ -502,12 +507,13 @@ def ack_subject(prefix: str, token: AckToken) -> str:
     )
 
 
-def unacked_subject(prefix: str, token: AckToken) -> str:
-    """An AckNone delivery's reply: nats-server's own form, `<prefix>.<stream>.<consumer>.
-    <delivered>.<sseq>.<dseq>.<ts ns>.<pending>`, without the job id, for nothing is
-    acknowledged on such a consumer (the bridge settles each delivery as it sends it).
-    nats-py's ordered consumer reads its sequences from fixed tokens of this form (tokens 5
-    and 6), which the form with domain and hash tokens would shift."""
+def server_ack_subject(prefix: str, token: AckToken) -> str:
+    """nats-server's own reply form, `<prefix>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.
+    <ts ns>.<pending>`, without the job id: for AckNone deliveries (nothing is acknowledged;
+    the bridge settles each as it sends it) and push deliveries (an ack finds its job by the
+    consumer and the message). nats-py reads a push delivery's sequences from fixed tokens of
+    this form (tokens 5 and 6: its ordered consumer, and its check of each idle heartbeat),
+    which the form with domain and hash tokens would shift."""
     return (
         f"{prefix}.{token.stream}.{token.consumer}.{token.delivered}.{token.stream_seq}."
         f"{token.consumer_seq}.{token.timestamp}.{token.pending}"
@@ -540,10 +546,11 @@ def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
     if not subject.startswith(prefix + "."):
         return None
     parts = subject[len(prefix) + 1 :].split(".")
+    server_form = len(parts) == 7
     if len(parts) == 9 and parts[0] == NO_DOMAIN:
         names, texts = parts[2:4], [*parts[4:], parts[1]]
-    elif len(parts) == 7:
-        # The older form: its stream sequence is the job id.
+    elif server_form:
+        # nats-server's form: the job is the stream sequence's (see AckToken.server_form).
         names, texts = parts[:2], [*parts[2:], parts[3]]
     else:
         return None
@@ -561,7 +568,15 @@ def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:
         return None  # no delivery has these names (see _possible_name)
     delivered, stream_seq, consumer_seq, timestamp, pending, job_id = numbers
     return AckToken(
-        names[0], names[1], delivered, stream_seq, consumer_seq, timestamp, pending, job_id
+        names[0],
+        names[1],
+        delivered,
+        stream_seq,
+        consumer_seq,
+        timestamp,
+        pending,
+        job_id,
+        server_form,
     )
 
 

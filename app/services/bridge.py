@@ -90,6 +90,13 @@ class BridgeService:
     async def acks(self, consumer: Consumer, items: Sequence[AckItem]) -> AckBatch:
         return await self._acks.ack_for(consumer, items)
 
+    async def jobs_of_messages(
+        self, consumer: Consumer, message_pks: Sequence[int]
+    ) -> dict[int, int]:
+        """{message pk: job id} of the consumer's jobs for these messages (push acks)."""
+        async with self._db.transaction() as tx:
+            return await BridgeStore(tx).job_ids_by_message(consumer.pk, message_pks)
+
     async def snapshot(self, consumer: Consumer) -> ConsumerSnapshot:
         return await snapshot(self._db, consumer)
 

@@ -212,6 +212,18 @@ class BridgeStore:
         )
         return int(total), [consumer_from_row(row) for row in rows]
 
+    async def job_ids_by_message(self, consumer_pk: int, message_pks: Seq[int]) -> dict[int, int]:
+        """{message pk: job id} of a consumer's jobs for these messages: a push delivery's ack
+        names its message, as nats-server's reply subjects do (ix_job_message_pk)."""
+        if not message_pks:
+            return {}
+        rows = await self._tx.conn.execute(
+            select(job.c.message_pk, job.c.id).where(
+                job.c.message_pk.in_(list(message_pks)), job.c.consumer_pk == consumer_pk
+            )
+        )
+        return {int(message_pk): int(job_id) for message_pk, job_id in rows}
+
     async def holds_messages(self, channel_id: str) -> bool:
         """Whether the channel stores any message (one probe of its index)."""
         query = select(message.c.pk).where(message.c.channel_id == channel_id).limit(1)

@@ -173,9 +173,12 @@ def test_ack_subject_round_trip() -> None:
     subject = p.ack_subject("$JS.ACK", token)
     assert subject == "$JS.ACK._.77.JOBS.worker.2.5.6.1795257496892922056.0"
     assert p.parse_ack_subject("$JS.ACK", subject) == token
-    # The older form (deliveries made before an upgrade): its stream sequence is the job id.
+    # nats-server's form (push and AckNone deliveries; pull deliveries made before an
+    # upgrade): the job is the stream sequence's, found by the message for push consumers.
+    server = p.server_ack_subject("$WB.ACK", token)
+    assert server == "$WB.ACK.JOBS.worker.2.5.6.1795257496892922056.0"
     assert p.parse_ack_subject("$WB.ACK", "$WB.ACK.c.k.1.2.3.4.5") == p.AckToken(
-        "c", "k", 1, 2, 3, 4, 5, 2
+        "c", "k", 1, 2, 3, 4, 5, 2, server_form=True
     )
 
 

@@ -336,7 +336,8 @@ async def test_a_worker_reaches_only_its_own_consumer(
             got[one.data] = one
         assert sorted(got) == [b"job-1", b"job-2"]
         for one in got.values():
-            assert one.reply.split(".")[4:6] == ["orders", "pushers"]
+            # A push delivery's reply is nats-server's form: `<prefix>.<stream>.<consumer>...`.
+            assert one.reply.split(".")[2:4] == ["orders", "pushers"]
             await one.ack_sync(timeout=5)
         assert await job_status(runtime, "pushers", 2) is JobStatus.DELIVERED
         await pushers.nc.publish("$JS.FC.orders.pushers.AbCd", b"")
