@@ -536,9 +536,14 @@ NO_RESPONDERS = b"NATS/1.0 503\r\n\r\n"
 
 
 def ack_subject_shaped(prefix: str, subject: str) -> bool:
-    """Has the subject the token count of an ack subject under `prefix` (either form)? Only
-    those reach a consumer's ack subscription on nats-server; others meet nobody."""
-    return subject.startswith(prefix + ".") and subject[len(prefix) + 1 :].count(".") in (6, 8)
+    """Has the subject the shape of an ack subject under `prefix` (either form: nats-server's
+    seven tokens, or the bridge's nine that start with the no-domain token)? Only those reach
+    a consumer's ack subscription; others meet nobody, as on nats-server."""
+    if not subject.startswith(prefix + "."):
+        return False
+    rest = subject[len(prefix) + 1 :]
+    dots = rest.count(".")
+    return dots == 6 or (dots == 8 and rest.startswith(NO_DOMAIN + "."))
 
 
 def parse_ack_subject(prefix: str, subject: str) -> AckToken | None:

@@ -47,7 +47,9 @@ def error_code(document: dict[str, Any]) -> Any:
 def paused_seen(document: dict[str, Any]) -> tuple[Any, ...]:
     """What both answer alike (pause_remaining is checked for its size)."""
     remaining = document.get("pause_remaining", 0)
-    near = abs(remaining - 3600 * 10**9) < 120 * 10**9 if remaining else remaining
+    # LATER is fixed when the module is imported, which may be minutes before this runs.
+    left = (LATER - datetime.now(UTC)).total_seconds() * 10**9
+    near = abs(remaining - left) < 120 * 10**9 if remaining else remaining
     return (document.get("type"), document.get("paused"), document.get("pause_until"), near)
 
 
