@@ -34,13 +34,14 @@ async def script(url: str, publish: object) -> list[bytes]:
         deliver = sub._sub._subject  # noqa: SLF001 (the inbox nats-py made)
         beats = await watcher.subscribe(deliver)
         await publish(["first", "second"])  # type: ignore[operator]
-        arrived = [(await asyncio.wait_for(got.get(), 10)).data for _ in range(2)]
+        # Deadlines, not paces: a CI run once saw real JetStream take past 10 s here under load.
+        arrived = [(await asyncio.wait_for(got.get(), 30)).data for _ in range(2)]
         # An idle heartbeat after the deliveries (Nats-Last-Consumer 2): nats-py checks it
         # against the last delivery's reply.
-        while not ((await beats.next_msg(timeout=5)).headers or {}).get("Status"):
+        while not ((await beats.next_msg(timeout=15)).headers or {}).get("Status"):
             pass
         await publish(["third"])  # type: ignore[operator]
-        arrived.append((await asyncio.wait_for(got.get(), 10)).data)
+        arrived.append((await asyncio.wait_for(got.get(), 30)).data)
         return arrived
     finally:
         await nc.close()
