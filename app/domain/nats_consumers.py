@@ -136,8 +136,7 @@ _ENUMS: dict[str, tuple[str, ...]] = {
 _INTEGER_TYPES = ("int", "uint64", "time.Duration")
 
 
-def go_json_kind(value: object) -> str:
-    """How encoding/json names a decoded value's kind in its unmarshal errors."""
+def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int | float):
@@ -183,7 +182,7 @@ def go_depth_error(body: bytes) -> str:
 
 
 def _type_error(value: object, where: str, go_type: str) -> ConsumerApiError:
-    kind = go_json_kind(value)
+    kind = _kind(value)
     if kind == "number":
         kind = f"number {json.dumps(value)}"
     return _invalid_json(
@@ -260,11 +259,11 @@ def parse_create_request(body: bytes) -> CreateRequest:
     except RecursionError:
         raise _invalid_json(go_depth_error(body)) from None
     if not isinstance(raw, dict):
-        raise _invalid_json(f"json: cannot unmarshal {go_json_kind(raw)} into Go value")
+        raise _invalid_json(f"json: cannot unmarshal {_kind(raw)} into Go value")
     stream = raw.get("stream_name")
     if stream is not None and not isinstance(stream, str):
         raise _invalid_json(
-            f"json: cannot unmarshal {go_json_kind(stream)} into Go struct field "
+            f"json: cannot unmarshal {_kind(stream)} into Go struct field "
             "CreateConsumerRequest.stream_name of type string"
         )
     action = raw.get("action") or ""
@@ -276,7 +275,7 @@ def parse_create_request(body: bytes) -> CreateRequest:
     given = raw.get("config")
     if given is not None and not isinstance(given, dict):
         raise _invalid_json(
-            f"json: cannot unmarshal {go_json_kind(given)} into Go struct field "
+            f"json: cannot unmarshal {_kind(given)} into Go struct field "
             "CreateConsumerRequest.config of type server.ConsumerConfig"
         )
     config: dict[str, Any] = {}
