@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from bench import retention
 from bench.env import REPO, Env, Settings
 from bench.report import tables, write_json
 from bench.scenarios import Runner
@@ -45,6 +46,8 @@ SCENARIOS = (
     "pgqueuer",
     "backlog",
     "soak",
+    "retention",
+    "retention-delete",
 )
 
 
@@ -84,6 +87,13 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         default=0.0,
         help="also run a soak of this many seconds (the issue's is 600)",
     )
+    p.add_argument(
+        "--retention-jobs",
+        type=int,
+        help="jobs of the retention scenarios (default 20000000; they run only when named in "
+        "--only or sized here: hours at the issue's size)",
+    )
+    p.add_argument("--retention-cycle", type=int, help="jobs per retention cycle (default 1000000)")
     p.add_argument(
         "--profile",
         action="store_true",
@@ -131,6 +141,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         "wake_samples",
         "idle_pollers",
         "push_dispatchers",
+        "retention_jobs",
+        "retention_cycle",
     ):
         value = getattr(a, name)
         if value is not None:
@@ -211,6 +223,7 @@ async def run(settings: Settings) -> int:
             ("pull-console", runner.console),
             ("pgqueuer", runner.pgqueuer),
             ("backlog", runner.backlog_latency),
+            ("retention", runner.retention),
         ]
         for name, step in steps:
             if name == "pairs":
@@ -222,6 +235,9 @@ async def run(settings: Settings) -> int:
                     continue
             elif name == "nats":
                 if not any(settings.wants(x) for x in ("jetstream", "bridge", "bridge-hybrid")):
+                    continue
+            elif name == "retention":
+                if not retention.asked(settings):
                     continue
             elif not settings.wants(name):
                 continue

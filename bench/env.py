@@ -51,6 +51,9 @@ class Settings:
     # (docs/performance.md, "Push delivery").
     push_dispatchers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     soak: float = 0.0
+    # bench/retention.py: 0 = the 20,000,000 when named in --only
+    retention_jobs: int = 0
+    retention_cycle: int = 1_000_000
     profile: bool = False
     durable: bool = False
     keep: bool = False

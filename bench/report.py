@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.env import Measured
+from bench.retention import retention_sections, retention_targets
 from bench.scenarios import PAIRS, Runner, median_ratio
 
 LATENCY_KEYS = (
@@ -303,6 +304,7 @@ def targets(runner: Runner) -> list[Target]:
         out.append(
             Target("soak: first to last minute", "<= 10% loss", "not run (--soak 600)", "n/a")
         )
+    out += [Target(*t) for t in retention_targets(runner.results)]
     return out
 
 
@@ -435,6 +437,7 @@ def tables(runner: Runner) -> str:
     ]
     if others:
         sections.append("Other scenarios and peers\n\n" + markdown([row(m) for m in others]))
+    sections += retention_sections(runner.results)
     goals = targets(runner) + floor_targets(runner)
     sections.append(
         "Targets (issue 7)\n\n"

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from bench import db, profile, redelivery
+from bench import db, profile, redelivery, retention
 from bench.broker import (
     PRODUCER,
     PUB_CONSUMERS,
@@ -1538,6 +1538,20 @@ class Runner:
                     [str(r[0])[:300] for r in await cursor.fetchall()]
                 )
         self.plans["(context)"] = [f"{inflight + 20000} jobs INFLIGHT for the consumer"]
+
+    # -- retention (issue 42) ---------------------------------------------------------------------
+
+    async def retention(self) -> None:
+        """Partition drops and today's row deletes, in alternating cycles (bench/retention.py)."""
+        env = self.env
+        measured = await retention.run_retention(
+            env.cluster.base_url,
+            env.workdir / "retention",
+            retention.plan_for(self.s),
+            say=self.say,
+        )
+        for m in measured:
+            self.keep(m)
 
     # -- soak -----------------------------------------------------------------------------------
 
