@@ -4,25 +4,24 @@ PostgreSQL database, and bridges started in-process in either transport mode."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import httpx
 import pytest
-from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NotFoundError
 
-from app.bridge import protocol as p
 from app.bridge.bridge import Bridge
 from app.config import Config, NatsConfig
 from app.runtime import Runtime
 from tests.helpers.natsproc import NatsServer
 
-ACK_WAIT = 2
-MAX_RETRY = 4
+# The seed's numbers, the reference consumer and HTTP publishing live with the side-by-side
+# harness; the bridge tests import them from here as well.
+from tests.helpers.side_by_side import ACK_WAIT as ACK_WAIT
+from tests.helpers.side_by_side import MAX_RETRY as MAX_RETRY
+from tests.helpers.side_by_side import PUBLISH_HEADERS as PUBLISH_HEADERS
+from tests.helpers.side_by_side import publish_http as publish_http
+from tests.helpers.side_by_side import reference_consumer as reference_consumer
 
 # One pull consumer `workers` on channel `orders` (the conformance subject), a push consumer on
 # another channel, a short ack wait, a 1 s sweep and a 1 s backoff so leases lapse quickly.
@@ -162,54 +161,6 @@ async def make_bridge(
     for bridge, bridge_runtime in reversed(started):
         await bridge.stop()
         await bridge_runtime.stop()
-
-
-async def reference_consumer(nc: Client, *, ack_wait: int, max_ack_pending: int) -> None:
-    """Stream `orders` and pull consumer `workers` on real JetStream, configured as the bridge
-    reports its consumer, limits included (created with a raw API request: nats-py's
-    ConsumerConfig has no max_batch / max_expires)."""
-    js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream("orders")
-    await js.add_stream(name="orders", subjects=["orders"])
-    config = {
-        "durable_name": "workers",
-        "name": "workers",
-        "ack_policy": "explicit",
-        "ack_wait": ack_wait * p.NANOS,
-        "max_deliver": MAX_RETRY + 1,
-        "max_ack_pending": max_ack_pending,
-        "max_waiting": 512,
-        "max_batch": 256,
-        "max_expires": 300 * p.NANOS,
-        "filter_subject": "orders",
-    }
-    created = await nc.request(
-        "$JS.API.CONSUMER.CREATE.orders.workers.orders",
-        json.dumps({"stream_name": "orders", "config": config}).encode(),
-        timeout=5,
-    )
-    assert "error" not in json.loads(created.data), created.data
-
-
-PUBLISH_HEADERS = {
-    "X-Broker-Channel-Token": "orders-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "shop-token",
-    "Content-Type": "text/plain",
-    "X-Broker-Metadata-Headers": "X-Order",
-}
-
-
-async def publish_http(client: httpx.AsyncClient, names: list[str]) -> None:
-    """Publish messages `names` over the broker's HTTP API (message id = payload = name)."""
-    for name in names:
-        response = await client.post(
-            "/channel/orders/broadcast",
-            content=name.encode(),
-            headers={**PUBLISH_HEADERS, "X-Broker-Message-ID": name, "X-Order": name},
-        )
-        assert response.status_code == 201, response.text
 
 
 async def arriving(sub: Any, window: float) -> AsyncIterator[Any]:

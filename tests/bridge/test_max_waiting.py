@@ -6,17 +6,16 @@ again. A consumer made over HTTP has no max_waiting of its own: `[pull] max-wait
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
 import nats
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NotFoundError
 
-from tests.bridge.conftest import MAX_ACK_PENDING, BridgeFactory, reference_consumer, uncapped_only
+from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.bridge.test_consumer_management import create_body, request
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import reference
 from tests.helpers.waiting import eventually
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.lim"
@@ -69,28 +68,11 @@ async def max_waiting_script(url: str) -> dict[str, Any]:
     return r
 
 
-_reference: dict[str, Any] = {}
-
-
-async def reference(server: NatsServer) -> dict[str, Any]:
-    if not _reference:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-            _reference.update(await max_waiting_script(server.url))
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return _reference
-
-
 @uncapped_only
 async def test_a_consumers_own_max_waiting_as_jetstream(
     jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory
 ) -> None:
-    expected = await reference(jetstream_server)
+    expected = await reference(jetstream_server, max_waiting_script, publishes=False)
     assert expected["config_max_waiting"] == 2
     assert expected["third"] == ("409", "Exceeded MaxWaiting")
     assert expected["short_ended"] == ("408", "Request Timeout")
