@@ -7,26 +7,19 @@ going with it, and `[nats] allow-consumer-management=false`."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from typing import Any
 
 import httpx
 import nats
-from nats.js.errors import NotFoundError
 from sqlalchemy import text
 
 from app.bridge import protocol as p
 from app.runtime import Runtime
-from tests.bridge.conftest import (
-    MAX_ACK_PENDING,
-    BridgeFactory,
-    publish_http,
-    reference_consumer,
-    uncapped_only,
-)
+from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 API = "$JS.API"
@@ -186,7 +179,7 @@ async def management_script(url: str) -> dict[str, Any]:
     return r
 
 
-async def nak_script(url: str, publish: Any) -> dict[str, Any]:
+async def nak_script(url: str, publish: Publish) -> dict[str, Any]:
     """A `-NAK` without a delay comes back at once, well inside the 30 s ack wait; a backoff
     consumer's unacknowledged delivery n comes back after backoff[n-1]."""
     nc = await nats.connect(url)
@@ -237,35 +230,11 @@ async def nak_script(url: str, publish: Any) -> dict[str, Any]:
     return r
 
 
-_reference: dict[str, Any] = {}
-
-
-async def reference(server: NatsServer) -> dict[str, Any]:
-    """The scripts against real JetStream, once per session."""
-    if not _reference:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-            _reference["management"] = await management_script(server.url)
-
-            async def publish(names: list[str]) -> None:
-                for name in names:
-                    await js.publish("orders", name.encode())
-
-            _reference["nak"] = await nak_script(server.url, publish)
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return _reference
-
-
 @uncapped_only
 async def test_management_answers_as_jetstream(
     jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory
 ) -> None:
-    expected = (await reference(jetstream_server))["management"]
+    expected = await reference(jetstream_server, management_script, publishes=False)
     # The reference itself, so that a broken script cannot pass by matching nothing.
     assert expected["create"][1] == "mgr"
     assert expected["info"]["description"] == "made over NATS"
@@ -291,16 +260,12 @@ async def test_nak_at_once_and_backoff_as_jetstream(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    expected = (await reference(jetstream_server))["nak"]
+    expected = await reference(jetstream_server, nak_script)
     assert expected["nak_again"] == (b"n1", 2)
     assert expected["deliveries"] == [1, 2, 3]
 
     await make_bridge("hybrid")
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    actual = await nak_script(hub.url, publish)
+    actual = await nak_script(hub.url, http_publisher(client))
     assert actual["slow_config"] == expected["slow_config"]
     assert actual["nak_again"] == expected["nak_again"]
     assert actual["deliveries"] == expected["deliveries"]
@@ -525,9 +490,6 @@ async def takeover_script(url: str) -> dict[str, Any]:
     return r
 
 
-_takeover_reference: dict[str, Any] = {}
-
-
 @uncapped_only
 async def test_no_durable_name_never_makes_a_durable_expire(
     jetstream_server: NatsServer,
@@ -540,16 +502,7 @@ async def test_no_durable_name_never_makes_a_durable_expire(
     its sweeper, which deletes consumers by that threshold, leaves the consumer alone. Bodies
     nested 100,000 deep are refused as nats-server refuses them (400, never a 500), and
     metadata is measured in UTF-8 bytes, half a surrogate pair read as U+FFFD."""
-    if not _takeover_reference:
-        nc = await nats.connect(jetstream_server.url)
-        try:
-            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-            _takeover_reference.update(await takeover_script(jetstream_server.url))
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await nc.jetstream().delete_stream("orders")
-            await nc.close()
-    expected = _takeover_reference
+    expected = await reference(jetstream_server, takeover_script, publishes=False)
     # The reference itself: the durable is updated, named but not durable, and never expires.
     assert expected["bare_name"] == {
         "name": "workers",
