@@ -10,25 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import nats
-from nats.js.errors import NotFoundError
 from sqlalchemy import text
 
 from app.bridge import protocol as p
 from app.runtime import Runtime
-from tests.bridge.conftest import (
-    MAX_ACK_PENDING,
-    BridgeFactory,
-    publish_http,
-    reference_consumer,
-    uncapped_only,
-)
+from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
 from tests.bridge.test_consumer_management import config_seen, create_body, request
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 NANOS = p.NANOS
@@ -39,8 +32,6 @@ SEEN = ("inactive_threshold", "ack_policy", "ack_wait", "max_ack_pending", "dura
 # The bridge reports a channel's one subject as every consumer's filter: set it, as
 # test_consumer_management does.
 ALL = {"filter_subject": "orders"}
-
-Publish = Callable[[list[str]], Awaitable[None]]
 
 
 def seen(document: dict[str, Any]) -> dict[str, Any]:
@@ -165,28 +156,6 @@ async def ephemeral_script(url: str, publish: Publish) -> dict[str, Any]:
     return r
 
 
-_reference: dict[str, Any] = {}
-
-
-async def reference(server: NatsServer) -> dict[str, Any]:
-    if not _reference:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-
-            async def publish(names: list[str]) -> None:
-                for name in names:
-                    await js.publish("orders", name.encode())
-
-            _reference.update(await ephemeral_script(server.url, publish))
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return _reference
-
-
 @uncapped_only
 async def test_ephemerals_and_inactive_thresholds_as_jetstream(
     jetstream_server: NatsServer,
@@ -194,7 +163,7 @@ async def test_ephemerals_and_inactive_thresholds_as_jetstream(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    expected = await reference(jetstream_server)
+    expected = await reference(jetstream_server, ephemeral_script)
     # The reference itself, so that a broken script cannot pass by matching nothing.
     assert expected["unnamed"]["inactive_threshold"] == THRESHOLD
     assert expected["unnamed"]["durable_name"] is None
@@ -206,11 +175,7 @@ async def test_ephemerals_and_inactive_thresholds_as_jetstream(
     assert expected["default_alive"] is True
 
     await make_bridge("hybrid")  # msg.metadata
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    actual = await ephemeral_script(hub.url, publish)
+    actual = await ephemeral_script(hub.url, http_publisher(client))
     # Both let a 1 s threshold (nats-server adds up to 1 s of jitter) run out in seconds.
     assert expected["gone_within"] < 6 and actual["gone_within"] < 6, actual["gone_within"]
     for key in ("gone_within",):
