@@ -7,27 +7,19 @@ ids), so the script reports them as positions among the messages it published.""
 
 from __future__ import annotations
 
-import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import nats
-from nats.js.errors import NotFoundError
 from sqlalchemy import text
 
 from app.bridge import protocol as p
 from app.runtime import Runtime
-from tests.bridge.conftest import (
-    MAX_ACK_PENDING,
-    BridgeFactory,
-    publish_http,
-    reference_consumer,
-    uncapped_only,
-)
+from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.bridge.test_consumer_management import create_body, request
-from tests.bridge.test_consumer_management_ephemeral import Publish
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 ALL = {"filter_subject": "orders"}
@@ -165,28 +157,6 @@ async def policies_script(url: str, publish: Publish) -> dict[str, Any]:
     return r
 
 
-_reference: dict[str, Any] = {}
-
-
-async def reference(server: NatsServer) -> dict[str, Any]:
-    if not _reference:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-
-            async def publish(names: list[str]) -> None:
-                for name in names:
-                    await js.publish("orders", name.encode())
-
-            _reference.update(await policies_script(server.url, publish))
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return _reference
-
-
 @uncapped_only
 async def test_deliver_policies_as_jetstream(
     jetstream_server: NatsServer,
@@ -195,7 +165,7 @@ async def test_deliver_policies_as_jetstream(
     client: httpx.AsyncClient,
     runtime: Runtime,
 ) -> None:
-    expected = await reference(jetstream_server)
+    expected = await reference(jetstream_server, policies_script)
     # The reference itself, so that a broken script cannot pass by matching nothing.
     for name, wanted in EXPECTED.items():
         assert expected[f"got_{name}"][0] == (wanted[5:] if name == "all" else wanted), name
@@ -205,11 +175,7 @@ async def test_deliver_policies_as_jetstream(
     assert expected["create_bytime"][1] is True
 
     await make_bridge("hybrid")  # msg.metadata
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    actual = await policies_script(hub.url, publish)
+    actual = await policies_script(hub.url, http_publisher(client))
     for key, value in expected.items():
         assert actual[key] == value, key
     assert actual.keys() == expected.keys()
