@@ -6,19 +6,17 @@ delete of a durable."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
-from nats.js.errors import NotFoundError
 
 from app.bridge import protocol as p
-from tests.bridge.conftest import MAX_ACK_PENDING, BridgeFactory, reference_consumer, uncapped_only
+from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.bridge.test_official_clients import JS_DIR, PY_VENV, install
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import reference
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVERS = {
@@ -101,23 +99,6 @@ async def script(kind: str, url: str) -> dict[str, Any]:
     return r
 
 
-_reference: dict[str, dict[str, Any]] = {}
-
-
-async def reference(server: NatsServer, kind: str) -> dict[str, Any]:
-    if kind not in _reference:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-            _reference[kind] = await script(kind, server.url)
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return _reference[kind]
-
-
 @pytest.fixture(params=list(DRIVERS))
 def kind(request: pytest.FixtureRequest) -> str:
     install()
@@ -128,7 +109,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 async def test_the_client_manages_bridge_consumers_as_jetstream_ones(
     jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory, kind: str
 ) -> None:
-    expected = await reference(jetstream_server, kind)
+    expected = await reference(jetstream_server, script, kind, publishes=False)
     assert expected["add"]["ok"]["config"]["ack_wait"] == 5 * p.NANOS, expected
     assert expected["update"]["ok"]["config"]["description"] == "changed", expected
     assert expected["list"]["ok"] == ["mgr", "workers"], expected
