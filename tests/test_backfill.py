@@ -1,7 +1,7 @@
 """A consumer's history copied chunk by chunk (app/services/backfill.py), on SQLite and
 PostgreSQL: jobs in message order, none twice, publishes during the copy left to it, live
 afterwards, a process with a stale cursor copying nothing, the delivery ledger balanced; and
-on PostgreSQL a publish that races the switch to live made up for."""
+on PostgreSQL a publish that races the switch to live made up for, from the switch's record."""
 
 from __future__ import annotations
 
@@ -112,12 +112,22 @@ async def test_a_publish_racing_the_switch_gets_its_job_made_up(
     racer_pk = pks[1]
     assert [row.message_pk for row in await job_rows(runtime, "late")] == [pks[0], pks[2]]
     assert (await ledger(client, runtime))["late"][2] == 0  # not owed it either
-    after = await service.make_up(switched)
-    assert after.counted == switched.counted + 1
+    # The switch is recorded in the database: whichever process looks next makes the job up.
+    [(recorded, counted)] = await service.switches()
+    assert recorded == late
+    assert await service.make_up(late, counted) == 1
     assert [row.message_pk for row in await job_rows(runtime, "late")] == [
         pks[0],
         pks[2],
         racer_pk,
     ]
-    assert await service.make_up(after) == after  # nothing more to make up
+    # A process that read the record before that makes nothing; one that reads it now finds
+    # nothing more to make up; once settled, the record is cleared.
+    assert await service.make_up(late, counted) is None
+    assert await service.switches() == [(late, counted + 1)]
+    assert await service.make_up(late, counted + 1) == 0
+    assert await service.switches() == [(late, counted + 1)]
+    async with runtime.db.transaction() as tx:
+        assert await BackfillStore(tx).make_up(late, counted + 1, settle=0) == 0
+    assert await service.switches() == []
     assert (await ledger(client, runtime))["late"] == (3.0, 0.0, 0.0)

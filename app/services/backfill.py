@@ -11,17 +11,20 @@ committed but reached the channel row's lock after the switch took it (the forei
 runs at the end of its statement) neither fans out to the consumer (its snapshot saw it
 copying) nor was copied (it was uncommitted then). Every such publish counts itself in the
 ledger under a generation before G, after the switch committed, and nothing else can (the
-switch read those counts holding the lock; a later snapshot sees G): so the counts before G
-rising past what the switch read says how many such messages there are. `make_up` (run by
-the bridge a few times in the seconds after a switch) gives the consumer a job for each, the
-newest messages of the channel it has none for, and adds them to its opening balance. Those
-jobs come after the ones publishes made meanwhile: the only place where a consumer's jobs are
-not in message order. SQLite writes one transaction at a time and has no such window.
+switch read those counts holding the lock; a later snapshot sees G). So the switch records
+itself in the consumer's row: those counts, and the cursor it locked the channel at (such a
+publish's message pk is at or above it). `make_up`, run by every bridge after its copies
+(app/bridge/backfill.py) while a switch is recorded, gives the consumer a job for each such
+message that has committed, as many as the counts rose, adds them to its opening balance, and
+clears the record once the switch is SETTLE old: a bridge stopping in between leaves the record
+to the next. Those jobs come after the ones publishes made meanwhile: the only place where a
+consumer's jobs are not in message order. SQLite writes one transaction at a time and has no
+such window (its records find nothing to make up).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from app.store.backfill import BackfillStore
@@ -30,25 +33,20 @@ from app.store.db import Database, Tx
 # Messages per chunk: a transaction short enough that a publish never waits on it (publishes
 # do not touch a copying consumer's row) and a crash loses little.
 CHUNK = 500
-# A publish that raced a switch stamped its message before the switch committed: make_up looks
-# at messages this much older than the switch at most (never at the history long delivered).
-RACE_LOOKBACK = timedelta(seconds=60)
 # Chunks copied without the channel locked stop at messages this young: a publish still
 # running may hold a smaller id than one that committed (ids are taken before commit), and a
 # cursor moved past it would skip it. The switch, channel locked, copies the young ones.
 FRESH = timedelta(seconds=5)
+# A switch's record is cleared this long after it: a publish that raced it started before it
+# and, as FRESH assumes of every publish, commits within FRESH of its start (twice, to spare).
+SETTLE = 2 * FRESH
 
 
 @dataclass(frozen=True, slots=True)
 class Switched:
-    """A consumer set live: what make_up compares against."""
+    """A consumer set live, its switch recorded for make_up."""
 
     consumer_pk: int
-    channel_id: str
-    start: int  # its first message pk
-    generation: int  # the consumer's ledger_from
-    counted: int  # publishes counted before `generation` when it went live (and made up since)
-    at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,23 +60,20 @@ class Step:
 async def finish(
     tx: Tx, consumer_pk: int, channel_id: str, cursor: int, chunk: int
 ) -> tuple[int, Switched | None]:
-    """With the channel row locked in `tx`: the rest copied, the consumer live. How many were
-    copied, and what make_up needs (None: another process moved the cursor first)."""
+    """With the channel row locked in `tx`: the rest copied, the consumer live and its switch
+    recorded. How many were copied, and the switch (None: another process moved the cursor
+    first)."""
     store = BackfillStore(tx)
+    locked_at = cursor
     total = 0
     while (done := await store.copy(consumer_pk, cursor, chunk)) is not None:
         copied, cursor = done
         total += copied
         if copied < chunk:
             break
-    if done is None:
+    if done is None or not await store.go_live(consumer_pk, channel_id, locked_at, cursor):
         return total, None
-    generation = await store.go_live(consumer_pk, channel_id, cursor)
-    if generation is None:
-        return total, None
-    counted = await store.counted_before(channel_id, generation)
-    start = await store.start_of(consumer_pk)
-    return total, Switched(consumer_pk, channel_id, start, generation, counted, datetime.now(UTC))
+    return total, Switched(consumer_pk)
 
 
 class BackfillService:
@@ -123,22 +118,16 @@ class BackfillService:
                 tx.announce([consumer_pk])
         return total, switched
 
-    async def make_up(self, switched: Switched) -> Switched:
-        """Jobs for the publishes that raced the switch and have committed since (see the
-        module's doc); the record to compare against next time."""
+    async def switches(self, limit: int = 100) -> list[tuple[int, int]]:
+        """(consumer pk, what make_up is given) of the switches still recorded."""
         async with self._db.transaction() as tx:
-            store = BackfillStore(tx)
-            counted = await store.counted_before(switched.channel_id, switched.generation)
-            missing = counted - switched.counted
-            if missing <= 0:
-                return switched
-            made = await store.make_up(
-                switched.consumer_pk,
-                switched.channel_id,
-                switched.start,
-                missing,
-                switched.at - RACE_LOOKBACK,
-            )
+            return await BackfillStore(tx).switches(limit)
+
+    async def make_up(self, consumer_pk: int, counted: int) -> int | None:
+        """Jobs for the publishes that raced the consumer's switch and have committed since
+        (see the module's doc): how many, None when another process had moved the record on."""
+        async with self._db.transaction() as tx:
+            made = await BackfillStore(tx).make_up(consumer_pk, counted, SETTLE.total_seconds())
             if made:
-                tx.announce([switched.consumer_pk])
-        return replace(switched, counted=switched.counted + made)
+                tx.announce([consumer_pk])
+        return made

@@ -6,6 +6,11 @@ next messages from there and moves the cursor past them, in the caller's transac
 loses nothing (the transaction rolls back whole) and two bridges never copy one message twice
 (the second finds the cursor moved). The jobs copied are added to the consumer's ledger
 opening balance by the statement that moves the cursor.
+
+The switch to live records itself in the consumer's row (`switched_at`, migration 0019) for
+the publishes that raced it (app/services/backfill.py): `make_up` gives the consumer a job for
+each that has committed since and clears the record once they all must have, whichever process
+runs it, as often as it is run.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import itertools
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Insert, Select, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Select, func, literal, select, update
 
 from app.domain.jobs import JobStatus
-from app.store.db import Tx, now
+from app.store.db import Tx, now, plus_seconds
 from app.store.ledger import LedgerStore
+from app.store.messages import insert_queued_jobs
 from app.store.schema import channel, consumer, job, message
 
 
@@ -123,7 +129,7 @@ class BackfillStore:
             # Jobs take their ids in message order: the claim hands them out in id order.
             .order_by(message.c.pk)
         )
-        copied = len(list((await self._tx.conn.execute(_insert_jobs(picked))).scalars()))
+        copied = await self._insert(picked)
         moved = (
             update(consumer)
             .where(consumer.c.pk == consumer_pk, consumer.c.backfill_next == cursor)
@@ -137,15 +143,108 @@ class BackfillStore:
         value = (await self._tx.conn.execute(query)).scalar_one_or_none()
         return None if value is None else int(value)
 
-    async def go_live(self, consumer_pk: int, channel_id: str, cursor: int) -> int | None:
-        """Live from the channel's next generation on (returned; None: not at `cursor`)."""
-        return await LedgerStore(self._tx).go_live(consumer_pk, channel_id, cursor)
+    async def go_live(self, consumer_pk: int, channel_id: str, since: int, cursor: int) -> bool:
+        """The consumer live from the channel's next generation on, owed every publish that
+        fans out to it as a consumer created now is, and its switch recorded for make_up:
+        `since` is the cursor when the channel was locked (a publish racing the switch holds a
+        pk from there on: smaller ones were copied before, unlocked, only once older than
+        app/services/backfill.FRESH). False: its copy is not at `cursor`. The channel is locked:
+        every publish counted before the new generation has committed."""
+        ledger = LedgerStore(self._tx)
+        born = await ledger.next_generation(channel_id)
+        if born is None:
+            return False
+        counted = await ledger.counted_before(channel_id, born)
+        live = (
+            update(consumer)
+            .where(consumer.c.pk == consumer_pk, consumer.c.backfill_next == cursor)
+            .values(
+                backfill_next=None,
+                ledger_from=born,
+                switched_at=self._clock(),
+                switch_from=since,
+                switch_counted=counted,
+            )
+        )
+        return bool((await self._tx.conn.execute(live)).rowcount)
 
-    async def counted_before(self, channel_id: str, generation: int) -> int:
-        return await LedgerStore(self._tx).counted_before(channel_id, generation)
+    async def switches(self, limit: int) -> list[tuple[int, int]]:
+        """(consumer pk, switch_counted) of the switches recorded (ix_consumer_switched_at)."""
+        query = (
+            select(consumer.c.pk, consumer.c.switch_counted)
+            .where(consumer.c.switched_at.is_not(None))
+            .order_by(consumer.c.pk)
+            .limit(limit)
+        )
+        return [(int(pk), int(counted)) for pk, counted in await self._tx.conn.execute(query)]
+
+    async def make_up(self, consumer_pk: int, counted: int, settle: float) -> int | None:
+        """Jobs for the publishes that raced the consumer's switch and have committed since,
+        added to its opening balance; the record cleared once the switch is `settle` seconds
+        old (every racing publish has committed by then). How many were made, or None: no such
+        record at `counted` (made up and moved on by another process, or the consumer gone).
+
+        A racing publish counts itself in the ledger under a generation before the consumer's,
+        after the switch read those counts (switch_counted): the counts' rise says how many
+        there are. Each is a message from switch_from on with no job for the consumer (every
+        other there was copied or fanned out to it); at most that many are made, so a job
+        deleted on purpose meanwhile is not made again. The consumer row, locked at `counted`
+        first, keeps two processes from making the same jobs."""
+        dialect = self._tx.dialect
+        settled = consumer.c.switched_at <= plus_seconds(dialect, now(dialect), -settle)
+        locked = (
+            select(
+                consumer.c.channel_id,
+                consumer.c.ledger_from,
+                consumer.c.switch_from,
+                settled.label("settled"),
+            )
+            .where(
+                consumer.c.pk == consumer_pk,
+                consumer.c.switched_at.is_not(None),
+                consumer.c.switch_counted == counted,
+            )
+            .with_for_update(key_share=True)  # FOR NO KEY UPDATE: publishes' key shares pass
+        )
+        row = (await self._tx.conn.execute(locked)).first()
+        if row is None:
+            return None
+        raced = await LedgerStore(self._tx).counted_before(row.channel_id, row.ledger_from)
+        made = 0
+        if raced > counted:
+            has_job = (
+                select(job.c.id)
+                .where(job.c.message_pk == message.c.pk, job.c.consumer_pk == consumer_pk)
+                .exists()
+            )
+            picked = (
+                self._jobs_for(consumer_pk)
+                .where(
+                    message.c.channel_id == row.channel_id,
+                    message.c.pk >= row.switch_from,
+                    ~has_job,
+                )
+                .order_by(message.c.pk)
+                .limit(raced - counted)
+            )
+            made = await self._insert(picked)
+        if not made and not row.settled:
+            return 0
+        values: dict[str, Any] = {
+            "switch_counted": counted + made,
+            "ledger_opening": consumer.c.ledger_opening + made,
+        }
+        if row.settled:
+            values.update(switched_at=None, switch_from=None, switch_counted=None)
+        await self._tx.conn.execute(
+            update(consumer)
+            .where(consumer.c.pk == consumer_pk, consumer.c.switch_counted == counted)
+            .values(**values)
+        )
+        return made
 
     def _jobs_for(self, consumer_pk: int) -> Select[Any]:
-        """A QUEUED job's columns for each message selected (as _insert_jobs lists them)."""
+        """A QUEUED job's columns for each message selected, in QUEUED_JOB_COLUMNS' order."""
         db_now = now(self._tx.dialect)
         return select(
             message.c.pk,
@@ -158,66 +257,14 @@ class BackfillStore:
             db_now,
         )
 
-    async def start_of(self, consumer_pk: int) -> int:
-        query = select(consumer.c.opt_start_seq).where(consumer.c.pk == consumer_pk)
-        return int((await self._tx.conn.execute(query)).scalar_one_or_none() or 0)
+    async def _insert(self, picked: Select[Any]) -> int:
+        """The jobs `picked` selects (as _jobs_for), inserted: how many."""
+        made = insert_queued_jobs(picked).returning(job.c.id)
+        return len(list((await self._tx.conn.execute(made)).scalars()))
 
-    async def make_up(
-        self, consumer_pk: int, channel_id: str, start: int, missing: int, since: datetime
-    ) -> int:
-        """Jobs for the newest `missing` messages of the channel from `start` on, received
-        since `since`, that the live consumer has none for (publishes that raced its switch
-        to live), added to its opening balance; how many were made."""
-        has_job = (
-            select(job.c.id)
-            .where(job.c.message_pk == message.c.pk, job.c.consumer_pk == consumer_pk)
-            .exists()
-        )
-        newest = (
-            select(message.c.pk)
-            .where(
-                message.c.channel_id == channel_id,
-                message.c.pk >= start,
-                message.c.received_at >= since,
-                ~has_job,
-            )
-            .order_by(message.c.pk.desc())
-            .limit(missing)
-            .subquery()
-        )
-        picked = (
-            self._jobs_for(consumer_pk)
-            .where(message.c.pk.in_(select(newest.c.pk)))
-            .order_by(message.c.pk)
-        )
-        made = _insert_jobs(picked)
-        count = len(list((await self._tx.conn.execute(made)).scalars()))
-        if count:
-            await self._tx.conn.execute(
-                update(consumer)
-                .where(consumer.c.pk == consumer_pk)
-                .values(ledger_opening=consumer.c.ledger_opening + count)
-            )
-        return count
-
-
-def _insert_jobs(picked: Select[Any]) -> Insert:
-    """QUEUED jobs from `picked`'s rows (message pk, consumer pk, status, priority, size, due,
-    changed, created), returning their ids."""
-    return (
-        insert(job)
-        .from_select(
-            [
-                "message_pk",
-                "consumer_pk",
-                "status",
-                "priority",
-                "payload_size",
-                "earliest_next_attempt_at",
-                "status_changed_at",
-                "created_at",
-            ],
-            picked,
-        )
-        .returning(job.c.id)
-    )
+    def _clock(self) -> ColumnElement[Any]:
+        """The database's time of the statement (PostgreSQL's now() is its transaction's
+        start, which a creation waiting for the channel's lock may have begun well before)."""
+        if self._tx.dialect == "postgresql":
+            return func.statement_timestamp()
+        return now(self._tx.dialect)

@@ -55,18 +55,6 @@ class LedgerStore:
             update(consumer).where(consumer.c.pk == consumer_pk).values(ledger_from=SUSPENDED)
         )
 
-    async def go_live(self, consumer_pk: int, channel_id: str, cursor: int) -> int | None:
-        """The consumer live from the channel's next generation on: owed every publish that
-        fans out to it, as a consumer created now is. That generation, or None: its copy is
-        not at `cursor`."""
-        born = await self.next_generation(channel_id)
-        live = (
-            update(consumer)
-            .where(consumer.c.pk == consumer_pk, consumer.c.backfill_next == cursor)
-            .values(backfill_next=None, ledger_from=born)
-        )
-        return born if (await self._tx.conn.execute(live)).rowcount else None
-
     async def counted_before(self, channel_id: str, generation: int) -> int:
         """Publishes to the channel counted under generations before `generation`."""
         query = select(func.coalesce(func.sum(published_count.c.n), 0)).where(

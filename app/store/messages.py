@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, delete, func, insert, literal, or_, select
+from sqlalchemy import Insert, Row, Select, delete, func, insert, literal, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import Conflict, InvalidInput
@@ -40,6 +40,25 @@ def message_from_mapping(row: Mapping[Any, Any]) -> Message:
         received_at=row["received_at"],
         scheduled_for=row.get("scheduled_for"),
     )
+
+
+# A new job's columns as every insert of QUEUED jobs fills them.
+QUEUED_JOB_COLUMNS = (
+    "message_pk",
+    "consumer_pk",
+    "status",
+    "priority",
+    "payload_size",
+    "earliest_next_attempt_at",
+    "status_changed_at",
+    "created_at",
+)
+
+
+def insert_queued_jobs(picked: Select[Any]) -> Insert:
+    """QUEUED jobs from `picked`'s rows, in QUEUED_JOB_COLUMNS' order (a publish's fan-out and
+    a consumer's history copied, app/store/backfill.py)."""
+    return insert(job).from_select(QUEUED_JOB_COLUMNS, picked)
 
 
 class MessageStore:
@@ -88,36 +107,22 @@ class MessageStore:
             ) from None
         stored = message_from_row(row)
         await LedgerStore(self._tx).published(channel_id)
-        fan_out = (
-            insert(job)
-            .from_select(
-                [
-                    "message_pk",
-                    "consumer_pk",
-                    "status",
-                    "priority",
-                    "payload_size",
-                    "earliest_next_attempt_at",
-                    "status_changed_at",
-                    "created_at",
-                ],
-                select(
-                    literal(stored.pk),
-                    consumer.c.pk,
-                    literal("QUEUED"),
-                    literal(priority),
-                    literal(len(payload)),
-                    db_now if scheduled_for is None else literal(scheduled_for, Timestamp()),
-                    db_now,
-                    db_now,
-                ).where(
-                    consumer.c.channel_id == channel_id,
-                    # Still copying its history (app/bridge/backfill.py): not fanned out to.
-                    consumer.c.backfill_next.is_(None),
-                ),
+        fan_out = insert_queued_jobs(
+            select(
+                literal(stored.pk),
+                consumer.c.pk,
+                literal("QUEUED"),
+                literal(priority),
+                literal(len(payload)),
+                db_now if scheduled_for is None else literal(scheduled_for, Timestamp()),
+                db_now,
+                db_now,
+            ).where(
+                consumer.c.channel_id == channel_id,
+                # Still copying its history (app/bridge/backfill.py): not fanned out to.
+                consumer.c.backfill_next.is_(None),
             )
-            .returning(job.c.consumer_pk)
-        )
+        ).returning(job.c.consumer_pk)
         consumer_pks = list((await self._tx.conn.execute(fan_out)).scalars())
         return stored, consumer_pks
 

@@ -130,6 +130,12 @@ consumer = Table(
     Column("opt_start_seq", BigInteger(), nullable=True),
     Column("opt_start_time", Timestamp(), nullable=True),
     Column("mem_storage", Boolean(), nullable=False, server_default=false()),
+    # Migration 0019: the switch to live whose racing publishes are still made up
+    # (app/store/backfill.py; NULL switched_at: none): the lowest message pk such a publish
+    # can hold, the publishes counted before ledger_from at the switch plus those made up.
+    Column("switched_at", Timestamp(), nullable=True),
+    Column("switch_from", BigInteger(), nullable=True),
+    Column("switch_counted", BigInteger(), nullable=True),
     UniqueConstraint("channel_id", "consumer_id"),
     Index(
         "ix_consumer_inactive",
@@ -142,6 +148,12 @@ consumer = Table(
         "backfill_next",
         postgresql_where=text("backfill_next IS NOT NULL"),
         sqlite_where=text("backfill_next IS NOT NULL"),
+    ),
+    Index(
+        "ix_consumer_switched_at",
+        "switched_at",
+        postgresql_where=text("switched_at IS NOT NULL"),
+        sqlite_where=text("switched_at IS NOT NULL"),
     ),
 )
 
