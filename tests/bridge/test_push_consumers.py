@@ -9,7 +9,6 @@ sequences."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,23 +16,15 @@ from typing import Any
 import httpx
 import nats
 import pytest
-from nats.js.errors import NotFoundError
 
 from app.bridge import protocol as p
-from tests.bridge.conftest import (
-    MAX_ACK_PENDING,
-    BridgeFactory,
-    publish_http,
-    reference_consumer,
-    uncapped_only,
-)
+from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.bridge.test_consumer_management import create_body, request
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 NANOS = p.NANOS
-Publish = Callable[[list[str]], Awaitable[None]]
-PublishBytes = Callable[[list[bytes]], Awaitable[None]]
 PUSHED = ("deliver_group", "flow_control", "idle_heartbeat", "ack_policy", "max_waiting")
 
 
@@ -124,7 +115,7 @@ BIG = 64 * 1024
 MESSAGES = 48  # 3 MiB: past the first flow-control window (2 MiB)
 
 
-async def flow_control_script(url: str, publish: PublishBytes) -> dict[str, Any]:
+async def flow_control_script(url: str, publish: Publish) -> dict[str, Any]:
     nc = await nats.connect(url)
     r: dict[str, Any] = {}
     try:
@@ -274,50 +265,6 @@ async def heartbeat_script(url: str, publish: Publish) -> dict[str, Any]:
     return r
 
 
-_references: dict[str, dict[str, Any]] = {}
-
-
-async def reference(server: NatsServer, name: str, script: Callable[..., Any]) -> dict[str, Any]:
-    if name not in _references:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-
-            async def publish(items: list[Any]) -> None:
-                for item in items:
-                    await js.publish("orders", item if isinstance(item, bytes) else item.encode())
-
-            _references[name] = await script(server.url, publish)
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return dict(_references[name])
-
-
-def http_publisher(client: httpx.AsyncClient) -> Callable[[list[Any]], Awaitable[None]]:
-    async def publish(items: list[Any]) -> None:
-        if items and isinstance(items[0], bytes):
-            for index, item in enumerate(items):
-                response = await client.post(
-                    "/channel/orders/broadcast",
-                    content=item,
-                    headers={
-                        "X-Broker-Channel-Token": "orders-token",
-                        "X-Broker-Producer-ID": "shop",
-                        "X-Broker-Producer-Token": "shop-token",
-                        "Content-Type": "application/octet-stream",
-                        "X-Broker-Message-ID": f"big-{index}",
-                    },
-                )
-                assert response.status_code == 201, response.text
-            return
-        await publish_http(client, items)
-
-    return publish
-
-
 MODES = pytest.mark.parametrize("mode", ["client", "hybrid"])
 
 
@@ -330,7 +277,7 @@ async def test_a_push_durable_with_nats_py(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    expected = await reference(jetstream_server, "durable", durable_script)
+    expected = await reference(jetstream_server, durable_script)
     assert expected["data"] == [b"p1", b"p2", b"p3"]
     assert expected["pulled"] == ("409", "Consumer is push based")
     assert expected["config"]["has_deliver_subject"] is True
@@ -347,7 +294,7 @@ async def test_a_push_queue_group_splits_the_jobs(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    expected = await reference(jetstream_server, "queue", queue_script)
+    expected = await reference(jetstream_server, queue_script)
     assert expected["config"]["deliver_group"] == "grp"
     assert expected["all_once"] and expected["both_members"]
     await make_bridge(mode)
@@ -363,7 +310,7 @@ async def test_flow_control_stalls_until_answered(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    expected = await reference(jetstream_server, "flow", flow_control_script)
+    expected = await reference(jetstream_server, flow_control_script)
     assert expected["stalled_on_request"] and expected["stopped_before_all"]
     assert expected["all_delivered"] == MESSAGES
     await make_bridge(mode)
@@ -379,7 +326,7 @@ async def test_idle_heartbeats(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    expected = await reference(jetstream_server, "heartbeat", heartbeat_script)
+    expected = await reference(jetstream_server, heartbeat_script)
     assert expected["idle"] == ("100", "Idle Heartbeat", "0", "0", "", b"")
     assert expected["after_delivery"] == ("Idle Heartbeat", True, True, 1)
     await make_bridge(mode)

@@ -20,8 +20,8 @@ from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.bridge.test_consumer_management_clients import Driver
 from tests.bridge.test_official_clients import JS_DIR, install
-from tests.bridge.test_push_consumers import Publish, http_publisher, reference
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 
@@ -131,7 +131,7 @@ async def test_a_js_push_durable(
     client: httpx.AsyncClient,
 ) -> None:
     install()
-    expected = await reference(jetstream_server, "js-durable", durable_script)
+    expected = await reference(jetstream_server, durable_script)
     assert [m["data"] for m in expected["received"]] == [f"j{i}" for i in range(5)]
     assert expected["consume"] == {"ok": True} and expected["heartbeat"] is True
     await make_bridge("hybrid")
@@ -146,7 +146,7 @@ async def test_a_js_push_deliver_group_splits_the_jobs(
     client: httpx.AsyncClient,
 ) -> None:
     install()
-    expected = await reference(jetstream_server, "js-group", group_script)
+    expected = await reference(jetstream_server, group_script)
     assert expected["all_once"] and expected["both_members"]
     assert expected["subjects"] == ["orders"]
     await make_bridge("hybrid")

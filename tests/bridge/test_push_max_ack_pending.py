@@ -17,8 +17,9 @@ from nats.aio.subscription import Subscription
 from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.bridge.test_consumer_management import create_body, request
-from tests.bridge.test_push_consumers import Publish, http_publisher, pushed_config, reference
+from tests.bridge.test_push_consumers import pushed_config
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 LIMIT = 3
@@ -104,7 +105,7 @@ async def test_a_push_consumer_stops_at_max_ack_pending_and_resumes_on_acks(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    expected = await reference(jetstream_server, "max_ack_pending", max_ack_pending_script)
+    expected = await reference(jetstream_server, max_ack_pending_script)
     assert expected["first"] == [b"m0", b"m1", b"m2"]
     assert expected["stopped"] == (LIMIT, 3)
     assert expected["after_one_ack"] == [b"m3"]
