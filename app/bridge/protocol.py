@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from app.domain.models import StreamState
+from app.domain.nats_consumers import go_json_kind
 from app.domain.priority import (
     NO_PRIORITY,
     NO_TERMS,
@@ -305,18 +306,6 @@ def _inside_array(doc: str, pos: int) -> bool:
     return bool(depth) and depth[-1] == "["
 
 
-def _json_kind(value: object) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
 def _decode_go_object(
     text: bytes, struct: str, fields: Mapping[str, str]
 ) -> dict[str, int | bool | str]:
@@ -335,7 +324,7 @@ def _decode_go_object(
     except ValueError:
         raise BadRequest("invalid character looking for beginning of value") from None
     if not isinstance(raw, dict):
-        raise BadRequest(f"json: cannot unmarshal {_json_kind(raw)} into Go value")
+        raise BadRequest(f"json: cannot unmarshal {go_json_kind(raw)} into Go value")
     values: dict[str, int | bool | str] = {}
     for key, value in raw.items():
         name = key if key in fields else next((f for f in fields if f.lower() == key.lower()), None)
@@ -345,12 +334,12 @@ def _decode_go_object(
         where = f"Go struct field {struct}.{name} of type {go_type}"
         if go_type == "bool":
             if not isinstance(value, bool):
-                raise BadRequest(f"json: cannot unmarshal {_json_kind(value)} into {where}")
+                raise BadRequest(f"json: cannot unmarshal {go_json_kind(value)} into {where}")
         elif go_type == "string":
             if not isinstance(value, str):
-                raise BadRequest(f"json: cannot unmarshal {_json_kind(value)} into {where}")
+                raise BadRequest(f"json: cannot unmarshal {go_json_kind(value)} into {where}")
         elif isinstance(value, bool) or not isinstance(value, int | float):
-            raise BadRequest(f"json: cannot unmarshal {_json_kind(value)} into {where}")
+            raise BadRequest(f"json: cannot unmarshal {go_json_kind(value)} into {where}")
         elif isinstance(value, float) or not -(2**63) <= value < 2**63:
             literal = value.text if isinstance(value, _FloatLiteral) else json.dumps(value)
             raise BadRequest(f"json: cannot unmarshal number {literal} into {where}")

@@ -136,7 +136,8 @@ _ENUMS: dict[str, tuple[str, ...]] = {
 _INTEGER_TYPES = ("int", "uint64", "time.Duration")
 
 
-def _kind(value: object) -> str:
+def go_json_kind(value: object) -> str:
+    """How encoding/json names a decoded value's kind in its unmarshal type errors."""
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int | float):
@@ -148,7 +149,7 @@ def _kind(value: object) -> str:
     return "object"
 
 
-def _invalid_json(text: str) -> ConsumerApiError:
+def invalid_json(text: str) -> ConsumerApiError:
     return jetstream_error(400, 10025, f"invalid JSON: {text}")
 
 
@@ -181,11 +182,34 @@ def go_depth_error(body: bytes) -> str:
     return "exceeded max depth"
 
 
+def _go_json_text(body: bytes) -> str:
+    # Go keeps invalid UTF-8 inside strings as U+FFFD instead of refusing the document.
+    return body.decode("utf-8", "replace").strip()
+
+
+def is_json_object_or_array(body: bytes) -> bool:
+    """Whether nats-server reads an optional request body at all (isJSONObjectOrArray)."""
+    return _go_json_text(body).startswith(("{", "["))
+
+
+def decode_go_json(body: bytes) -> Any:
+    """A JetStream API request's JSON document; ConsumerApiError 10025 when it is none."""
+    text = _go_json_text(body)
+    if not text:
+        raise invalid_json("unexpected end of JSON input")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise invalid_json(str(exc)) from None
+    except RecursionError:
+        raise invalid_json(go_depth_error(body)) from None
+
+
 def _type_error(value: object, where: str, go_type: str) -> ConsumerApiError:
-    kind = _kind(value)
+    kind = go_json_kind(value)
     if kind == "number":
         kind = f"number {json.dumps(value)}"
-    return _invalid_json(
+    return invalid_json(
         f"json: cannot unmarshal {kind} into Go struct field CreateConsumerRequest.{where} "
         f"of type {go_type}"
     )
@@ -198,7 +222,7 @@ def _checked(name: str, value: object) -> object:
         return None
     if go_type in _ENUMS:
         if not isinstance(value, str) or value not in _ENUMS[go_type]:
-            raise _invalid_json(f"can not unmarshal {json.dumps(json.dumps(value))}")
+            raise invalid_json(f"can not unmarshal {json.dumps(json.dumps(value))}")
         return value
     if go_type == "string":
         if not isinstance(value, str):
@@ -249,33 +273,25 @@ class CreateRequest:
 
 def parse_create_request(body: bytes) -> CreateRequest:
     """The request body as nats-server unmarshals it; ConsumerApiError 10025 when it cannot."""
-    text = body.decode("utf-8", "replace").strip()
-    if not text:
-        raise _invalid_json("unexpected end of JSON input")
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise _invalid_json(str(exc)) from None
-    except RecursionError:
-        raise _invalid_json(go_depth_error(body)) from None
+    raw = decode_go_json(body)
     if not isinstance(raw, dict):
-        raise _invalid_json(f"json: cannot unmarshal {_kind(raw)} into Go value")
+        raise invalid_json(f"json: cannot unmarshal {go_json_kind(raw)} into Go value")
     stream = raw.get("stream_name")
     if stream is not None and not isinstance(stream, str):
-        raise _invalid_json(
-            f"json: cannot unmarshal {_kind(stream)} into Go struct field "
+        raise invalid_json(
+            f"json: cannot unmarshal {go_json_kind(stream)} into Go struct field "
             "CreateConsumerRequest.stream_name of type string"
         )
     action = raw.get("action") or ""
     if not isinstance(action, str) or action not in ACTIONS:
-        raise _invalid_json(f"unknown consumer action: {action}")
+        raise invalid_json(f"unknown consumer action: {action}")
     pedantic = raw.get("pedantic") or False
     if not isinstance(pedantic, bool):
         raise _type_error(pedantic, "pedantic", "bool")
     given = raw.get("config")
     if given is not None and not isinstance(given, dict):
-        raise _invalid_json(
-            f"json: cannot unmarshal {_kind(given)} into Go struct field "
+        raise invalid_json(
+            f"json: cannot unmarshal {go_json_kind(given)} into Go struct field "
             "CreateConsumerRequest.config of type server.ConsumerConfig"
         )
     config: dict[str, Any] = {}
@@ -495,23 +511,33 @@ _RFC3339 = re.compile(
 )
 
 
+def go_iso_time(text: str) -> str | None:
+    """An RFC 3339 time as datetime.fromisoformat reads it, sub-microsecond digits dropped
+    (Python keeps six); None when Go would not parse it. The date and clock are checked only
+    by fromisoformat."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return None
+    day, clock, fraction, zone = match.groups()
+    micros = (fraction or "").ljust(6, "0")[:6]
+    offset = "+00:00" if zone in ("Z", "z") else zone
+    return f"{day}T{clock}.{micros}{offset}"
+
+
 def _start_time(value: object) -> datetime | None:
     """opt_start_time as a UTC datetime (sub-microsecond digits dropped); 10025 as Go's
     json.Unmarshal refuses a time it cannot parse."""
     if value is None:
         return None
     text = str(value)
-    match = _RFC3339.fullmatch(text)
-    if match is None:
+    iso = go_iso_time(text)
+    if iso is None:
         quoted = json.dumps(json.dumps(text))
-        raise _invalid_json(f'parsing time {quoted} as "\\"2006-01-02T15:04:05Z07:00\\""')
-    day, clock, fraction, zone = match.groups()
-    micros = (fraction or "").ljust(6, "0")[:6]
-    offset = "+00:00" if zone in ("Z", "z") else zone
+        raise invalid_json(f'parsing time {quoted} as "\\"2006-01-02T15:04:05Z07:00\\""')
     try:
-        parsed = datetime.fromisoformat(f"{day}T{clock}.{micros}{offset}")
+        parsed = datetime.fromisoformat(iso)
     except ValueError as exc:
-        raise _invalid_json(f'parsing time "{json.dumps(text)}": {exc}') from None
+        raise invalid_json(f'parsing time "{json.dumps(text)}": {exc}') from None
     return parsed.astimezone(UTC)
 
 

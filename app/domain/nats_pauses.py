@@ -5,25 +5,20 @@ absent time resumes), and `pause_until` in a new consumer's config."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from app.domain.nats_consumers import ConsumerApiError, go_depth_error, jetstream_error
+from app.domain.nats_consumers import (
+    decode_go_json,
+    go_iso_time,
+    invalid_json,
+    is_json_object_or_array,
+)
 
 PAUSE_TYPE = "io.nats.jetstream.api.v1.consumer_pause_response"
 GO_ZERO = datetime(1, 1, 1, tzinfo=UTC)
 NANOS = 1_000_000_000
-
-# RFC 3339 as Go's time.Time unmarshals it, up to nine fraction digits.
-_RFC3339 = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
-)
-
-
-def _invalid(text: str) -> ConsumerApiError:
-    return jetstream_error(400, 10025, f"invalid JSON: {text}")
 
 
 def go_time(value: object) -> datetime | None:
@@ -32,34 +27,25 @@ def go_time(value: object) -> datetime | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _invalid("json: cannot unmarshal into Go value of type time.Time")
-    match = _RFC3339.fullmatch(value)
-    if match is None:
-        raise _invalid(f'parsing time {json.dumps(value)} as "2006-01-02T15:04:05Z07:00"')
-    day, clock, fraction, zone = match.groups()
-    micros = (fraction or "").ljust(6, "0")[:6]
-    offset = "+00:00" if zone in ("Z", "z") else zone
+        raise invalid_json("json: cannot unmarshal into Go value of type time.Time")
+    iso = go_iso_time(value)
+    if iso is None:
+        raise invalid_json(f'parsing time {json.dumps(value)} as "2006-01-02T15:04:05Z07:00"')
     try:
-        moment = datetime.fromisoformat(f"{day}T{clock}.{micros}{offset}").astimezone(UTC)
+        moment = datetime.fromisoformat(iso).astimezone(UTC)
     except (ValueError, OverflowError) as exc:
-        raise _invalid(f"parsing time {json.dumps(value)}: {exc}") from None
+        raise invalid_json(f"parsing time {json.dumps(value)}: {exc}") from None
     return None if moment == GO_ZERO else moment
 
 
 def pause_request(body: bytes) -> datetime | None:
     """CONSUMER.PAUSE's pause_until; nats-server reads the body only when it is a JSON object or
     array, so an empty body (or anything else) resumes."""
-    text = body.decode("utf-8", "replace").strip()
-    if not text.startswith(("{", "[")):
+    if not is_json_object_or_array(body):
         return None
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise _invalid(str(exc)) from None
-    except RecursionError:
-        raise _invalid(go_depth_error(body)) from None
+    document = decode_go_json(body)
     if not isinstance(document, dict):
-        raise _invalid(
+        raise invalid_json(
             "json: cannot unmarshal array into Go value of type JSApiConsumerPauseRequest"
         )
     return go_time(document.get("pause_until"))
