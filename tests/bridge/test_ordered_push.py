@@ -7,18 +7,24 @@ from the bridge, which is restarted while the client reads: the client recovers 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 import httpx
 import nats
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 from sqlalchemy import text
 
 from app.runtime import Runtime
 from tests.bridge.conftest import PUBLISH_HEADERS, BridgeFactory, uncapped_only
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import (
+    Publish,
+    in_stream_order,
+    on_jetstream,
+    publish_http_at_once,
+    reference,
+    stream_order,
+)
 from tests.helpers.waiting import eventually
 
 COUNT = 10_000
@@ -71,47 +77,10 @@ async def read_in_order(
     return reader
 
 
-def in_stream_order(got: list[tuple[str, int]], order: list[str]) -> tuple[bool, bool, int]:
-    """(every message once in the stream's order, sequences rising, how many)."""
-    seqs = [seq for _, seq in got]
-    return [data for data, _ in got] == order, seqs == sorted(set(seqs)), len(got)
-
-
-_reference: list[tuple[bool, bool, int]] = []
-
-
-async def reference(server: NatsServer) -> tuple[bool, bool, int]:
-    if not _reference:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await js.add_stream(name="orders", subjects=["orders"])
-            for name in NAMES:
-                await js.publish("orders", name.encode())
-            _reference.append(in_stream_order((await read_in_order(server.url)).got, NAMES))
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return _reference[0]
-
-
-async def publish_all(client: httpx.AsyncClient) -> None:
-    """The 10,000 messages over HTTP, 16 at a time (their stream order is their ids')."""
-    gate = asyncio.Semaphore(16)
-
-    async def one(name: str) -> None:
-        async with gate:
-            response = await client.post(
-                "/channel/orders/broadcast",
-                content=name.encode(),
-                headers={**PUBLISH_HEADERS, "X-Broker-Message-ID": name, "X-Order": name},
-            )
-            assert response.status_code == 201, response.text
-
-    await asyncio.gather(*(one(name) for name in NAMES))
+async def read_published(url: str, publish: Publish) -> tuple[bool, bool, int]:
+    """The reference's read: the messages published over NATS first."""
+    await publish(NAMES)
+    return in_stream_order((await read_in_order(url)).got, NAMES)
 
 
 async def sent_to_ephemerals(runtime: Runtime) -> int:
@@ -135,15 +104,11 @@ async def test_nats_py_ordered_push_consumer_reads_10000_in_order_across_a_bridg
     client: httpx.AsyncClient,
     runtime: Runtime,
 ) -> None:
-    expected = await reference(jetstream_server)
+    expected = await reference(jetstream_server, read_published, workers=False)
     assert expected == (True, True, COUNT)
 
-    await publish_all(client)
-    async with runtime.db.transaction() as tx:
-        rows = await tx.conn.execute(
-            text("SELECT message_id FROM message WHERE channel_id = 'orders' ORDER BY pk")
-        )
-        order = [str(v) for v in rows.scalars()]
+    await publish_http_at_once(client, NAMES)
+    order = await stream_order(runtime)
     assert sorted(order) == NAMES
 
     # Hybrid: nats-py's ordered consumer reads its sequences from a $JS.ACK reply (the
@@ -193,19 +158,9 @@ async def test_nats_py_ordered_push_consumer_through_flow_control(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    nc = await nats.connect(jetstream_server.url)
-    js = nc.jetstream()
-    try:
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream("orders")
-        await js.add_stream(name="orders", subjects=["orders"])
-        for name in BIG_NAMES:
-            await js.publish("orders", padded(name))
-        expected = await flow_controlled_read(jetstream_server.url)
-    finally:
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream("orders")
-        await nc.close()
+    async with on_jetstream(jetstream_server, workers=False) as side:
+        await side.publish([padded(name) for name in BIG_NAMES])
+        expected = await flow_controlled_read(side.url)
     # One consumer all along: no gap ever made it start again.
     assert expected == ((True, True, len(BIG_NAMES)), 1, 0)
 
