@@ -56,7 +56,14 @@ def jdbc_target(connection_url: str) -> JdbcTarget:
 def connect(
     connection_url: str, *, autocommit: bool = False
 ) -> psycopg.Connection[tuple[object, ...]]:
-    return psycopg.connect(connection_url, autocommit=autocommit, application_name="wb-pipeline")
+    conn = psycopg.connect(connection_url, autocommit=autocommit, application_name="wb-pipeline")
+    # The archive's commits written before they return, whatever the server's default: a
+    # replica the report then finds at the primary's written position holds every one of them
+    # (app/pipeline/replica.py). A handful of commits a batch: the flush costs nothing.
+    conn.execute("SET synchronous_commit = on")
+    if not autocommit:
+        conn.commit()
+    return conn
 
 
 @contextmanager

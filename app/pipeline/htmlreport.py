@@ -170,7 +170,8 @@ def render(report: Mapping[str, Any]) -> str:
 <body>
 <h1>webhook-broker delivery report</h1>
 <div class="meta">generated {escape(str(report["generated_at"]))} from
-{sources["archive_batches"]} archive batches and the live tables</div>
+{sources["archive_batches"]} archive batches and the live tables, read from the
+{escape(str(report.get("read_from", "primary")))}</div>
 <div class="cards">{card_html}</div>
 <h2>Throughput</h2>{drawn[0]}
 <h2>Queue wait percentiles</h2>{drawn[1]}

@@ -10,17 +10,19 @@ import argparse
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from pyspark.sql import SparkSession
 
 from app.config import Config, ConfigError, load_config
+from app.domain.replica import ReadFrom
 from app.logging import warn_ignored_keys
 from app.pipeline.archive import Archiver, StepHook
 from app.pipeline.db import LockMode, PipelineLocked, connect, jdbc_target, pipeline_lock
 from app.pipeline.partitions import PartitionArchiver, PartitionHook
 from app.pipeline.progress import Progress, summary_line
+from app.pipeline.replica import report_source
 from app.pipeline.report import Reporter
 from app.pipeline.spark import build_session
 from app.pipeline.state import BatchStore
@@ -30,6 +32,9 @@ EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_LOCKED = 75  # EX_TEMPFAIL: another archiver is running
 COMMANDS = ("archive", "report", "all")
+
+# Called with the database the report is about to read (tests act between choice and reads).
+SourceHook = Callable[[ReadFrom], None]
 
 
 def build_parser(prog: str = "webhook-broker pipeline") -> argparse.ArgumentParser:
@@ -72,6 +77,7 @@ def run(
     spark: SparkSession | None = None,
     hook: StepHook | None = None,
     partition_hook: PartitionHook | None = None,
+    source_hook: SourceHook | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> dict[str, Any]:
@@ -90,7 +96,13 @@ def run(
         with pipeline_lock(url, mode):
             summary.update(
                 _run_locked(
-                    command, config, master, dry_run, spark, (hook, partition_hook), progress
+                    command,
+                    config,
+                    master,
+                    dry_run,
+                    spark,
+                    (hook, partition_hook, source_hook),
+                    progress,
                 )
             )
         code = EXIT_OK
@@ -127,13 +139,13 @@ def _run_locked(
     master: str | None,
     dry_run: bool,
     spark: SparkSession | None,
-    hooks: tuple[StepHook | None, PartitionHook | None],
+    hooks: tuple[StepHook | None, PartitionHook | None, SourceHook | None],
     progress: Progress,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     pipeline = config.pipeline
     jdbc = jdbc_target(config.database.connection_url)
-    hook, partition_hook = hooks
+    hook, partition_hook, source_hook = hooks
     # With partitions rotating, jobs leave with their partition (app/pipeline/partitions.py)
     # and the batches take only messages no job refers to any more: no statuses count as
     # finished, so a message with any job left is not planned.
@@ -164,12 +176,49 @@ def _run_locked(
                 archiver = Archiver(session, pipeline, jdbc, store, progress, hook)
                 result["archive"] = archiver.run().as_dict()
             if command in ("report", "all"):
-                reporter = Reporter(session, pipeline, jdbc, conn, store, progress)
-                result["report"] = reporter.run(write=not dry_run).as_dict()
+                primary = Reporter(session, pipeline, jdbc, conn, store, progress)
+                report = _report_on_replica(session, config, progress, dry_run, source_hook)
+                result["report"] = report or primary.run(write=not dry_run).as_dict()
         finally:
             if owned:
                 session.stop()
     return result
+
+
+def _report_on_replica(
+    session: SparkSession,
+    config: Config,
+    progress: Progress,
+    dry_run: bool,
+    source_hook: SourceHook | None,
+) -> dict[str, Any] | None:
+    """The report read from the replica when it is fresh enough (measured now, under the lock
+    and after this run's archive step); None: the primary is to be read instead."""
+    source = report_source(config.database)
+    if config.database.replica is not None:
+        progress.line(f"report reads the {source.read_from.value}: {source.why}")
+    if source_hook is not None:
+        source_hook(source.read_from)
+    if source.read_from is not ReadFrom.REPLICA:
+        return None
+    try:
+        with connect(source.connection_url) as conn:
+            # Reads only: the batch states as the replica has them, matching its live rows.
+            store = BatchStore(conn, ())
+            jdbc = jdbc_target(source.connection_url)
+            reporter = Reporter(
+                session, config.pipeline, jdbc, conn, store, progress, ReadFrom.REPLICA
+            )
+            return reporter.run(write=not dry_run).as_dict()
+    except Exception as exc:
+        # As the API does with a read the replica fails (it went down, a query cancelled by a
+        # recovery conflict): the primary answers, the report saying so.
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        progress.line(
+            f"the replica failed the report's reads ({type(exc).__name__}: {first});"
+            " reading the primary"
+        )
+        return None
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 Archived jobs count once: only batches that reached DELETED are read, and the kept messages of
 a batch whose files still hold them are left out (they are still live); of the job partitions
 archived whole, only those the broker detached or dropped.
+
+The database reads (batch states, live jobs) all go to one database, the replica or the
+primary (app/pipeline/replica.py chooses); the report says which in `read_from`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType, TimestampType
 
 from app.config import PipelineConfig
+from app.domain.replica import ReadFrom
 from app.pipeline.archive import batch_dir, read_batch_files, staging_dir
 from app.pipeline.db import JdbcTarget
 from app.pipeline.htmlreport import render
@@ -51,6 +55,7 @@ class ReportResult:
             "archived_jobs": self.data["sources"]["archived_jobs"],
             "live_jobs": self.data["sources"]["live_jobs"],
             "consumers": len(self.data["consumers"]),
+            "read_from": self.data["read_from"],
             "rows": self.rows,
             "seconds": round(self.seconds, 3),
             "rows_per_second": self.rows / self.seconds if self.seconds > 0 else None,
@@ -78,13 +83,16 @@ class Reporter:
         conn: psycopg.Connection[Any],
         store: BatchStore,
         progress: Progress,
+        read_from: ReadFrom = ReadFrom.PRIMARY,
     ) -> None:
+        """`jdbc`, `conn` and `store` all on the database `read_from` names."""
         self._spark = spark
         self._config = config
         self._jdbc = jdbc
         self._conn = conn
         self._store = store
         self._progress = progress
+        self._read_from = read_from
 
     def run(self, *, write: bool = True) -> ReportResult:
         started = time.monotonic()
@@ -115,6 +123,7 @@ class Reporter:
             collected = {name: _collect(df) for name, df in tables.items()}
             data: dict[str, Any] = {
                 "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "read_from": self._read_from.value,
                 "sources": {
                     "archive_batches": len(batches),
                     "archived_jobs": int(sources.get("archive", 0)),
