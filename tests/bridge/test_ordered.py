@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-import nats
 import pytest
-from nats.js.errors import NotFoundError
 from sqlalchemy import text
 
 from app.runtime import Runtime
-from tests.bridge.conftest import PUBLISH_HEADERS, BridgeFactory
+from tests.bridge.conftest import BridgeFactory
 from tests.bridge.test_official_clients import ClientProcess, install
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import (
+    Publish,
+    in_stream_order,
+    publish_http_at_once,
+    reference,
+    stream_order,
+)
 from tests.helpers.waiting import eventually
 
 COUNT = 10_000
@@ -54,32 +58,10 @@ async def read_in_order(
         await client.close()
 
 
-def in_stream_order(got: list[list[Any]], order: list[str]) -> tuple[bool, bool, int]:
-    """(every message once in the stream's order, sequences rising, how many)."""
-    seqs = [seq for _, seq in got]
-    return [data for data, _ in got] == order, seqs == sorted(set(seqs)), len(got)
-
-
-_reference: dict[str, tuple[bool, bool, int]] = {}
-
-
-async def reference(server: NatsServer, kind: str) -> tuple[bool, bool, int]:
-    if kind not in _reference:
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        try:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await js.add_stream(name="orders", subjects=["orders"])
-            for name in NAMES:
-                await js.publish("orders", name.encode())
-            got = await read_in_order(kind, server.url)
-            _reference[kind] = in_stream_order(got, NAMES)
-        finally:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream("orders")
-            await nc.close()
-    return _reference[kind]
+async def read_published(kind: str, url: str, publish: Publish) -> tuple[bool, bool, int]:
+    """The reference's read: the messages published over NATS first."""
+    await publish(NAMES)
+    return in_stream_order(await read_in_order(kind, url), NAMES)
 
 
 async def message_pks(runtime: Runtime) -> list[int]:
@@ -88,22 +70,6 @@ async def message_pks(runtime: Runtime) -> list[int]:
             text("SELECT pk FROM message WHERE channel_id = 'orders' ORDER BY pk")
         )
         return [int(v) for v in rows.scalars()]
-
-
-async def publish_all(client: httpx.AsyncClient) -> None:
-    """The 10,000 messages over HTTP, 16 at a time (their stream order is their message ids')."""
-    gate = asyncio.Semaphore(16)
-
-    async def one(name: str) -> None:
-        async with gate:
-            response = await client.post(
-                "/channel/orders/broadcast",
-                content=name.encode(),
-                headers={**PUBLISH_HEADERS, "X-Broker-Message-ID": name, "X-Order": name},
-            )
-            assert response.status_code == 201, response.text
-
-    await asyncio.gather(*(one(name) for name in NAMES))
 
 
 @pytest.mark.parametrize("cap", ["uncapped"])
@@ -117,15 +83,11 @@ async def test_an_ordered_consumer_reads_10000_messages_in_order_across_a_bridge
     runtime: Runtime,
 ) -> None:
     install()
-    expected = await reference(jetstream_server, kind)
+    expected = await reference(jetstream_server, read_published, kind, workers=False)
     assert expected == (True, True, COUNT)
 
-    await publish_all(client)
-    async with runtime.db.transaction() as tx:
-        rows = await tx.conn.execute(
-            text("SELECT message_id FROM message WHERE channel_id = 'orders' ORDER BY pk")
-        )
-        order = [str(v) for v in rows.scalars()]
+    await publish_http_at_once(client, NAMES)
+    order = await stream_order(runtime)
     assert sorted(order) == NAMES
 
     bridge = await make_bridge("hybrid")  # the JS client needs hybrid (the client table)
