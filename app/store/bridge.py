@@ -125,6 +125,21 @@ class BridgeStore:
         (id, attempt) so a later claim is untouched). The attempt is given back unless the
         job was `sent` (a stream whose client went away): then its receiver may still hold
         it, and its ack for that attempt must stay stale once the job is claimed again."""
+        return await self._update_claims(
+            consumer_pk,
+            targets,
+            status=QUEUED,
+            attempt=job.c.attempt if sent else job.c.attempt - 1,
+            lease_expires_at=None,
+            earliest_next_attempt_at=self._now,
+            status_changed_at=self._now,
+        )
+
+    async def _update_claims(
+        self, consumer_pk: int, targets: Seq[tuple[int, int]], **values: Any
+    ) -> int:
+        """Sets `values` on the consumer's jobs still INFLIGHT under these (id, attempt) claims:
+        fenced on both, so a job acked, released or claimed again meanwhile is untouched."""
         if not targets:
             return 0
         result = await self._tx.conn.execute(
@@ -134,13 +149,7 @@ class BridgeStore:
                 status_is(INFLIGHT),
                 tuple_(job.c.id, job.c.attempt).in_(list(targets)),
             )
-            .values(
-                status=QUEUED,
-                attempt=job.c.attempt if sent else job.c.attempt - 1,
-                lease_expires_at=None,
-                earliest_next_attempt_at=self._now,
-                status_changed_at=self._now,
-            )
+            .values(**values)
         )
         return int(result.rowcount or 0)
 
@@ -235,18 +244,8 @@ class BridgeStore:
         """A backoff consumer's delivery: its lease runs `seconds` from its claim, not the ack
         wait (fenced on (id, attempt) and INFLIGHT, so a job acked or claimed again meanwhile
         is untouched)."""
-        if not targets:
-            return 0
-        result = await self._tx.conn.execute(
-            update(job)
-            .where(
-                job.c.consumer_pk == consumer_pk,
-                status_is(INFLIGHT),
-                tuple_(job.c.id, job.c.attempt).in_(list(targets)),
-            )
-            .values(lease_expires_at=plus_seconds(self._tx.dialect, job.c.claimed_at, seconds))
-        )
-        return int(result.rowcount or 0)
+        lease = plus_seconds(self._tx.dialect, job.c.claimed_at, seconds)
+        return await self._update_claims(consumer_pk, targets, lease_expires_at=lease)
 
     # -- inactive thresholds (ephemeral consumers; migration 0014) ----------------------------
 
