@@ -306,9 +306,10 @@ SECTIONS: tuple[Section, ...] = (
                 "",
                 _postgres_url,
                 "A streaming replica (hot standby) of the PostgreSQL database, as a "
-                "postgresql:// URL: status, lists, message reads and the console read from it "
-                "while it is within replica-max-lag (the response header X-Broker-Read-From "
-                "says which answered). Empty, or with sqlite: everything reads the primary.",
+                "postgresql:// URL: status, lists, message reads, the console and the "
+                "pipeline's report read from it while it is within replica-max-lag (the "
+                "response header X-Broker-Read-From, the report's read_from, says which "
+                "answered). Empty, or with sqlite: everything reads the primary.",
                 secret=True,  # it may hold a password
             ),
             Key(
