@@ -12,14 +12,14 @@ lives in devtools/ so that neither the bench nor the tests import the other.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 
 import httpx
+
+from devtools.tasks import Background
 
 # The overview statement's own column alias (app/store/console.py) and the ledger read's pair
 # of aliases (app/store/ledger.py, the unfiltered read the overview makes): how the console's
@@ -88,41 +88,28 @@ class Page:
     error: BaseException | None = None
 
 
-class ConsolePages:
+class ConsolePages(Background):
     """`count` open overview pages over `urls` (API processes' base URLs), signed in with
     `token` (None: the listener is open, the sign-in form asks for no token)."""
 
     def __init__(self, urls: Sequence[str], count: int, token: str | None = None) -> None:
+        super().__init__()
         self.urls = list(urls)
         self.token = token
         self.pages = [Page(self.urls[i % len(self.urls)]) for i in range(count)]
         self._clients: dict[str, httpx.AsyncClient] = {}
-        self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> ConsolePages:
-        try:
-            for url in self.urls:
-                client = httpx.AsyncClient(
-                    base_url=url,
-                    timeout=httpx.Timeout(30.0, read=None),
-                    limits=httpx.Limits(max_connections=len(self.pages) + 4),
-                )
-                self._clients[url] = client
-                await _sign_in(client, self.token)
-            self._tasks = [asyncio.create_task(self._hold(page)) for page in self.pages]
-            await self.connected()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    async def open(self) -> None:
+        for url in self.urls:
+            client = httpx.AsyncClient(
+                base_url=url,
+                timeout=httpx.Timeout(30.0, read=None),
+                limits=httpx.Limits(max_connections=len(self.pages) + 4),
+            )
+            self._clients[url] = client
+            await _sign_in(client, self.token)
+        self.start(*(self._hold(page) for page in self.pages))
+        await self.connected()
 
     async def _hold(self, page: Page) -> None:
         client = self._clients[page.url]
@@ -165,15 +152,10 @@ class ConsolePages:
         return time.monotonic() - start
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await self.stop()  # a page's error is its own, in page.error
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
-        self._tasks = []
 
 
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')

@@ -19,11 +19,9 @@ transaction each update runs in.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -40,6 +38,7 @@ from bench.__main__ import SCENARIOS, parse_args
 from bench.report import console_target
 from devtools.console_pages import STATEMENTS_SQL, ConsolePages, console_cost, console_statement
 from devtools.pg import Cluster
+from devtools.tasks import Background
 from tests.helpers.processes import BrokerProcess
 from tests.helpers.waiting import eventually
 
@@ -94,10 +93,11 @@ def broker(database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         process.stop()
 
 
-class Load:
+class Load(Background):
     """A producer publishing and a worker pulling and acking, each as fast as it can."""
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         self.client = Broker(
             url,
             producer_id=PRODUCER,
@@ -106,31 +106,21 @@ class Load:
         )
         self.published = 0
         self.acked = 0
-        self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> Load:
-        await self.client.__aenter__()
-        self._tasks = [asyncio.create_task(self._publish()), asyncio.create_task(self._work())]
-        return self
+    async def open(self) -> None:
+        self.start(self._publish(), self._work())
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.client.__aexit__(kind, exc, tb)
+    async def close(self) -> None:
+        errors = await self.stop()
+        await self.client.aclose()
+        if errors:
+            raise errors[0]
 
     def check(self) -> None:
         """Fail with the producer's or the worker's error, if either stopped on one."""
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise AssertionError("the load stopped") from task.exception()
+        failure = self.failure()
+        if failure is not None:
+            raise AssertionError("the load stopped") from failure
 
     async def _publish(self) -> None:
         n = 0
