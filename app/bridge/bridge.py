@@ -259,8 +259,8 @@ class Bridge:
         self._subs.clear()
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)
-        if self._inflight:
-            await asyncio.wait(self._inflight, timeout=5)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.settled(), timeout=5)
         self.push.close()
         await self.engine.close()
         with contextlib.suppress(TimeoutError):
@@ -284,6 +284,11 @@ class Bridge:
             await stop.wait()
         finally:
             await self.stop()
+
+    async def settled(self) -> None:
+        """Until every API request taken so far is answered (one that comes meanwhile too)."""
+        while self._inflight:
+            await asyncio.wait(set(self._inflight))
 
     # -- inbound ------------------------------------------------------------------------------
 

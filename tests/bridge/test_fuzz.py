@@ -14,8 +14,10 @@ import string
 import httpx
 import nats
 import pytest
+from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
+from app.bridge.bridge import Bridge
 from app.runtime import Runtime
 from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
 from tests.helpers.natsproc import NatsServer
@@ -107,7 +109,7 @@ async def test_the_bridge_survives_random_subjects_and_bodies(
         for outcome in await asyncio.gather(*requests, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 assert isinstance(outcome, NatsError | asyncio.TimeoutError), (SEED, outcome)
-        await nc.flush()
+        await settle(nc, bridge)
 
         # The plain nats-py way, after all of it: the bridge answers and applies the ack.
         js = nc.jetstream()
@@ -133,6 +135,18 @@ async def test_the_bridge_survives_random_subjects_and_bodies(
         await asyncio.sleep(0.2)
         await _drain(hub.url)
     assert set(statuses) <= {"DELIVERED", "DEAD"}, (SEED, statuses)
+
+
+async def settle(nc: Client, bridge: Bridge) -> None:
+    """Wait until the bridge has answered every request of the fuzz that can change a
+    consumer. The fuzz gives up on a request after 0.3 s, but the bridge may still be at work on
+    it (a CONSUMER.DELETE of workers waits out a deadlock with a claim for a second): done
+    later, it would delete the consumer the check below has just declared. The bridge takes each
+    subscription's requests in order, so once a probe on each is answered, every request sent
+    before it is in hand, and `settled` waits for their answers."""
+    for probe in ("CONSUMER.DELETE", "CONSUMER.CREATE", "CONSUMER.DURABLE.CREATE"):
+        await nc.request(f"$JS.API.{probe}.orders.no-such-consumer", b"{", timeout=30)
+    await bridge.settled()
 
 
 async def _drain(url: str) -> None:
