@@ -16,8 +16,8 @@ the variants' cycles alternate, so both see the same machine. A cycle:
    round (RetentionService.run_round, its interval not over) detaches it CONCURRENTLY and drops
    it; a second archive run takes the messages whose jobs left with it, and the round again
    finishes whatever that leaves (message partitions, where the message table has them);
-   `deletes` runs the same archive with partition-interval off, which exports the batch and
-   deletes its rows, as today;
+   `deletes` runs the same archive with partition-interval off, which exports the block in
+   batches of the default batch-size (100,000) and deletes their rows, as today;
 4. `partitions`: the block's partition closes (RetentionService.maintain, the sweeper's rotation,
    run with its interval taken as over: a cycle stands for one partition-interval);
 5. the job and message tables' total size (every partition) and the job table's dead tuples.
@@ -61,6 +61,7 @@ CHANNEL = "ret"
 CONSUMER = "ret"
 LEAD = 0.25  # share of a block delivered before the previous block's archive starts
 FILL_CHUNK = 100_000  # messages per fill statement
+ARCHIVE_BATCH = 100_000  # [pipeline] batch-size's default: today's archive deletes this many
 RATIO_BOUND = 0.10  # the issue: within 10% while the archive runs
 FLAT_BOUND = 1.10  # last cycle's job table / the first archived cycle's
 EXPIRES = 1.0  # a pull's long-poll wait
@@ -150,12 +151,22 @@ def plan_for(s: Settings) -> Plan:
 # -- the broker of one variant ---------------------------------------------------------------------
 
 
-def config_text(url: str, root: Path, *, partitions: bool, batch_size: int = 1) -> str:
+def archive_batches(block: int) -> tuple[int, int]:
+    """(batch-size, max-batches) for a run that archives one block: batches of at most the
+    default size, as many as hold the block (the oldest messages go first, so they are the
+    previous block's; what rounding adds, fewer messages than batches, comes from the block
+    being delivered)."""
+    count = max(1, math.ceil(block / ARCHIVE_BATCH))
+    return max(1, math.ceil(block / count)), count
+
+
+def config_text(
+    url: str, root: Path, *, partitions: bool, batches: tuple[int, int] = (1, 1)
+) -> str:
     """The broker's config, which the in-process pipeline reads too. partition-interval 1d: the
     sweeper never rotates in the middle of a cycle (the bench ends each interval); retention 0
-    days: a closed partition or a finished batch is archived at once; one batch a run of the
-    previous block's size, so the row archive takes that block and nothing of the one being
-    delivered."""
+    days: a closed partition or a finished batch is archived at once; batches that take the
+    previous block and nothing of the one being delivered (archive_batches)."""
     return "\n".join(
         [
             "[rdbms]",
@@ -170,8 +181,8 @@ def config_text(url: str, root: Path, *, partitions: bool, batch_size: int = 1) 
             f"archive-root={root / 'archive'}",
             f"report-root={root / 'report'}",
             "retention-days=0",
-            f"batch-size={batch_size}",
-            "max-batches=1",
+            f"batch-size={batches[0]}",
+            f"max-batches={batches[1]}",
             "[initial-channels]",
             f"{CHANNEL}={CHANNEL}",
             "[initial-channel-tokens]",
@@ -251,8 +262,8 @@ class Variant:
         head, _, _ = self.base_url.rpartition("/")
         return f"{head}/{self.dbname}"
 
-    def text(self, batch_size: int = 1) -> str:
-        return config_text(self.url, self.root, partitions=self.partitions, batch_size=batch_size)
+    def text(self, batches: tuple[int, int] = (1, 1)) -> str:
+        return config_text(self.url, self.root, partitions=self.partitions, batches=batches)
 
     async def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -327,7 +338,7 @@ class Variant:
         from app.pipeline.job import run
 
         assert self.previous is not None
-        config = load_config_text(self.text(batch_size=self.previous[0]))
+        config = load_config_text(self.text(archive_batches(self.previous[0])))
         steps: dict[str, Any] = {}
 
         async def pipeline(step: str) -> dict[str, Any]:
