@@ -25,8 +25,11 @@ the variants' cycles alternate, so both see the same machine. A cycle:
 Claim (pull) latency is the client's, per request; throughput is counted from the database
 (`status_changed_at` of the block's jobs inside each window, the client's wall clock being the
 database's on this host). A cycle's window runs from the moment every client has had its first
-answer to the first pull that came back short of a batch (the block running dry); the archive's
-time inside it is "while the archive runs", the rest "outside". The ratios pool every cycle.
+answer to the answer that left fewer jobs than pollers x batch to pull (from then on the block
+runs dry); the archive's time inside it is "while the archive runs", the rest "outside". The
+targets pool every cycle: jobs/s while archiving >= 90% of outside, pull p50 and p99 <= 1.10x,
+and the job table after the last cycle <= 1.10x its size after the second (the first cycle
+archives nothing, so the table holds one block then and its working size only from the second).
 """
 
 from __future__ import annotations
