@@ -21,7 +21,7 @@ import asyncio
 import fcntl
 import json
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +32,16 @@ from nats.js import JetStreamContext
 from sqlalchemy import text
 
 from app.runtime import Runtime
-from tests.bridge.conftest import (
-    ACK_WAIT,
-    MAX_ACK_PENDING,
-    BridgeFactory,
-    publish_http,
-    reference_consumer,
-)
+from tests.bridge.conftest import ACK_WAIT, BridgeFactory, publish_http
 from tests.helpers.jetstream import until_consumer
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, as_http, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 JS_DIR = REPO / "tests" / "js"
 PY_VENV = REPO / ".venv-nats-jetstream"
 PY_CLIENT = REPO / "tests" / "clients" / "nats_jetstream_client.py"
-Publish = Callable[[list[str]], Awaitable[None]]
 KINDS = ("js", "nats-jetstream")
 
 
@@ -214,40 +208,13 @@ async def steps(
     return r
 
 
-_reference: dict[str, dict[str, Any]] = {}
-
-
-async def reference(server: NatsServer, kind: str) -> dict[str, Any]:
-    """The run against real JetStream, once per session and client."""
-    if kind not in _reference:
-        nc = await nats.connect(server.url)
-        try:
-            await reference_consumer(
-                nc, ack_wait=ACK_WAIT, max_ack_pending=MAX_ACK_PENDING["uncapped"]
-            )
-            js = nc.jetstream()
-
-            async def publish(names: list[str]) -> None:
-                for name in names:
-                    await js.publish(
-                        "orders",
-                        name.encode(),
-                        headers={
-                            "Content-Type": "text/plain",
-                            "X-Order": name,
-                            "Nats-Msg-Id": name,
-                        },
-                    )
-
-            client = await ClientProcess.start(kind)
-            try:
-                _reference[kind] = await scenario(client, server.url, publish)
-            finally:
-                await client.close()
-                await js.delete_stream("orders")
-        finally:
-            await nc.close()
-    return _reference[kind]
+async def run_scenario(kind: str, url: str, publish: Publish) -> dict[str, Any]:
+    """The scenario in a client process of its own."""
+    client = await ClientProcess.start(kind)
+    try:
+        return await scenario(client, url, publish)
+    finally:
+        await client.close()
 
 
 def message(data: str, stream_seq: int, consumer_seq: int, pending: int, count: int = 1) -> Any:
@@ -275,7 +242,7 @@ async def test_the_client_sees_the_bridge_as_it_sees_jetstream(
     client: httpx.AsyncClient,
     kind: str,
 ) -> None:
-    expected = await reference(jetstream_server, kind)
+    expected = await reference(jetstream_server, run_scenario, kind, headers=as_http)
     # The reference itself, so that a broken scenario cannot pass by matching nothing.
     assert expected["fetch1"] == message("m1", 1, 1, 3)
     assert [m["data"] for m in expected["fetch5_of_3"]] == ["m2", "m3", "m4"]
@@ -286,15 +253,7 @@ async def test_the_client_sees_the_bridge_as_it_sees_jetstream(
     assert len(expected["consume"]) == 5
 
     await make_bridge("hybrid")
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    js = await ClientProcess.start(kind)
-    try:
-        actual = await scenario(js, hub.url, publish)
-    finally:
-        await js.close()
+    actual = await run_scenario(kind, hub.url, http_publisher(client))
     for key, value in expected.items():
         assert actual[key] == value, key
     assert actual.keys() == expected.keys()
