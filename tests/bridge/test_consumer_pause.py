@@ -6,32 +6,22 @@ side: the pause seen over HTTP."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import nats
-from nats.js.errors import NotFoundError
 
 from app.domain.nats_pauses import PAUSE_TYPE
-from tests.bridge.conftest import (
-    MAX_ACK_PENDING,
-    BridgeFactory,
-    publish_http,
-    reference_consumer,
-    uncapped_only,
-)
+from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, on_jetstream
 
 API = "$JS.API"
 # Whole seconds: the broker keeps microseconds, nats-server nanoseconds.
 LATER = (datetime.now(UTC) + timedelta(hours=1)).replace(microsecond=0)
 LATER_TEXT = LATER.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-Publish = Callable[[list[str]], Awaitable[None]]
 
 
 async def request(nc: Any, subject: str, body: dict[str, Any] | bytes | None = None) -> Any:
@@ -127,20 +117,8 @@ async def test_pause_answers_as_jetstream(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    nc = await nats.connect(jetstream_server.url)
-    js = nc.jetstream()
-    try:
-        await reference_consumer(nc, ack_wait=2, max_ack_pending=MAX_ACK_PENDING["uncapped"])
-
-        async def publish_js(names: list[str]) -> None:
-            for name in names:
-                await js.publish("orders", name.encode())
-
-        expected = await pause_script(jetstream_server.url, publish_js)
-    finally:
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream("orders")
-        await nc.close()
+    async with on_jetstream(jetstream_server) as side:
+        expected = await pause_script(side.url, side.publish)
     # The reference itself, so that a broken script cannot pass by matching nothing.
     assert expected["pause"] == (PAUSE_TYPE, True, LATER_TEXT, True)
     assert expected["fetched_while_paused"] == [] and expected["fetched_after"] == b"held"
@@ -148,11 +126,7 @@ async def test_pause_answers_as_jetstream(
     assert expected["created_paused"] == (LATER_TEXT, True)
 
     await make_bridge("hybrid")
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    actual = await pause_script(hub.url, publish)
+    actual = await pause_script(hub.url, http_publisher(client))
     for key, value in expected.items():
         assert actual[key] == value, (key, actual[key], value)
 
