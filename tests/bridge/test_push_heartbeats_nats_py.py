@@ -10,19 +10,18 @@ client mode the reply is under `$WB.ACK`, a listed difference, kept here as a st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import httpx
 import nats
 import pytest
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 
-from tests.bridge.conftest import BridgeFactory, publish_http, reference_consumer, uncapped_only
+from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, http_publisher, on_jetstream
 
 
-async def script(url: str, publish: object) -> list[bytes]:
+async def script(url: str, publish: Publish) -> list[bytes]:
     """Two deliveries, an idle heartbeat, a third delivery; what arrives."""
     nc = await nats.connect(url)
     watcher = await nats.connect(url)
@@ -33,14 +32,14 @@ async def script(url: str, publish: object) -> list[bytes]:
         )
         deliver = sub._sub._subject  # noqa: SLF001 (the inbox nats-py made)
         beats = await watcher.subscribe(deliver)
-        await publish(["first", "second"])  # type: ignore[operator]
+        await publish(["first", "second"])
         # Deadlines, not paces: a CI run once saw real JetStream take past 10 s here under load.
         arrived = [(await asyncio.wait_for(got.get(), 30)).data for _ in range(2)]
         # An idle heartbeat after the deliveries (Nats-Last-Consumer 2): nats-py checks it
         # against the last delivery's reply.
         while not ((await beats.next_msg(timeout=15)).headers or {}).get("Status"):
             pass
-        await publish(["third"])  # type: ignore[operator]
+        await publish(["third"])
         arrived.append((await asyncio.wait_for(got.get(), 30)).data)
         return arrived
     finally:
@@ -71,24 +70,8 @@ async def test_nats_py_push_with_heartbeats_goes_on_after_a_heartbeat(
     client: httpx.AsyncClient,
 ) -> None:
     # The script holds on real JetStream.
-    nc = await nats.connect(jetstream_server.url)
-    js = nc.jetstream()
-    try:
-        await reference_consumer(nc, ack_wait=2, max_ack_pending=-1)
-
-        async def js_publish(names: list[str]) -> None:
-            for name in names:
-                await js.publish("orders", name.encode())
-
-        assert await script(jetstream_server.url, js_publish) == [b"first", b"second", b"third"]
-    finally:
-        with contextlib.suppress(NotFoundError):
-            await js.delete_stream("orders")
-        await nc.close()
+    async with on_jetstream(jetstream_server) as side:
+        assert await script(side.url, side.publish) == [b"first", b"second", b"third"]
 
     await make_bridge(mode)
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    assert await script(hub.url, publish) == [b"first", b"second", b"third"]
+    assert await script(hub.url, http_publisher(client)) == [b"first", b"second", b"third"]
