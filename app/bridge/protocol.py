@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from app.domain.models import StreamState
 from app.domain.nats_consumers import go_json_kind
+from app.domain.nats_consumers import subject_matches as subject_matches
 from app.domain.priority import (
     NO_PRIORITY,
     NO_TERMS,
@@ -639,17 +640,8 @@ def _nak_delay(rest: bytes) -> float | None:
 
 # -- subjects -----------------------------------------------------------------------------------
 
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` is one token, a trailing `>` one or more."""
-    want = pattern.split(".")
-    have = subject.split(".")
-    for index, token in enumerate(want):
-        if token == ">":
-            return len(have) > index
-        if index >= len(have) or (token != "*" and token != have[index]):
-            return False
-    return len(want) == len(have)
+# subject_matches (imported above) lives in the domain, whose consumer management matches
+# subjects too.
 
 
 def subjects_overlap(a: str, b: str) -> bool:

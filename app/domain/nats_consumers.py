@@ -576,7 +576,7 @@ def refuse_unsupported(
         raise jetstream_error(
             400, 10102, f"consumer name is too long, maximum allowed is {MAX_FIELD_LENGTH}"
         )
-    if deliver_subject and _covers(stream, deliver_subject):
+    if deliver_subject and subject_matches(stream, deliver_subject):
         raise jetstream_error(400, 10081, "consumer deliver subject forms a cycle")
     if deliver_subject and _nonzero(config, "rate_limit_bps"):
         raise unsupported("rate_limit_bps", "a push consumer is delivered as fast as it acks")
@@ -598,7 +598,7 @@ def refuse_unsupported(
         if _nonzero(config, setting):
             raise unsupported(setting, _WHY[setting])
     for subject in [filter_subject, *filters]:
-        if subject and not _covers(subject, stream):
+        if subject and not subject_matches(subject, stream):
             raise unsupported(
                 f"filter_subject {subject}",
                 f"a consumer gets every message of its channel (subject {stream})",
@@ -637,8 +637,8 @@ _WHY = {
 }
 
 
-def _covers(pattern: str, subject: str) -> bool:
-    """Does `pattern` match the channel's one subject."""
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a trailing `>` one or more."""
     want, have = pattern.split("."), subject.split(".")
     for index, token in enumerate(want):
         if token == ">":
