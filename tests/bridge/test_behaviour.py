@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,6 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import NotFoundError
 from nats.js.errors import ServiceUnavailableError as ServiceUnavailable
 
 from app.config import Config
@@ -27,7 +24,6 @@ from app.domain.jobs import JobStatus
 from app.runtime import Runtime
 from app.store.jobs import JobStore
 from tests.bridge.conftest import (
-    ACK_WAIT,
     MAX_ACK_PENDING,
     MAX_RETRY,
     BridgeFactory,
@@ -35,9 +31,9 @@ from tests.bridge.conftest import (
     uncapped_only,
 )
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import Publish, add_workers, http_publisher, on_jetstream
 from tests.helpers.waiting import eventually
 
-Publish = Callable[[list[str]], Awaitable[None]]
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -94,38 +90,16 @@ async def test_max_deliveries_end_dead_with_advisories(
     runtime: Runtime,
 ) -> None:
     # Reference: JetStream with max_deliver = max-retry + 1.
-    nc = await nats.connect(jetstream_server.url)
-    js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream("orders")
-    await js.add_stream(name="orders", subjects=["orders"])
-    await js.add_consumer(
-        "orders",
-        ConsumerConfig(
-            durable_name="workers",
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=ACK_WAIT,
-            max_deliver=MAX_RETRY + 1,
-            max_ack_pending=MAX_ACK_PENDING[cap],
-        ),
-    )
-
-    async def js_publish(names: list[str]) -> None:
-        for name in names:
-            await js.publish("orders", name.encode())
-
-    try:
-        expected = shape(await nak_until_dead(jetstream_server.url, js_publish))
-    finally:
-        await js.delete_stream("orders")
-        await nc.close()
+    async with on_jetstream(jetstream_server, workers=False) as side:
+        await add_workers(side.nc, max_ack_pending=MAX_ACK_PENDING[cap])
+        expected = shape(await nak_until_dead(side.url, side.publish))
     naked = "$JS.EVENT.ADVISORY.CONSUMER.MSG_NAKED.orders.workers"
     max_deliveries = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.orders.workers"
     assert [s for s, *_ in expected].count(naked) == MAX_RETRY + 1
     assert max_deliveries in [s for s, *_ in expected]
 
     await make_bridge("hybrid")
-    actual = shape(await nak_until_dead(hub.url, lambda names: publish_http(client, names)))
+    actual = shape(await nak_until_dead(hub.url, http_publisher(client)))
     # The same advisories with the same fields (the order of NAKED and MAX_DELIVERIES after the
     # last nak is not pinned: the server sends the latter when it next looks for work).
     assert sorted(actual) == sorted(expected)

@@ -12,9 +12,8 @@ NOTIFY), the requeue sweeper running, and a bridge on a JetStream-less server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,16 +22,21 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from nats.js.errors import NotFoundError
 
 from app.runtime import Runtime
 from app.store.jobs import JobStore
-from tests.bridge.conftest import ACK_WAIT, MAX_ACK_PENDING, MAX_RETRY, BridgeFactory, publish_http
+from tests.bridge.conftest import ACK_WAIT, MAX_ACK_PENDING, BridgeFactory
 from tests.helpers.jetstream import until_consumer
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import (
+    Publish,
+    add_workers,
+    as_http,
+    http_publisher,
+    on_jetstream,
+)
 
-Publish = Callable[[list[str]], Awaitable[None]]
 COMPARED_HEADERS = ("Content-Type", "X-Order", "Nats-Msg-Id")
 # The lingering fetch's timeout: long enough that being woken and expiring cannot be confused.
 LINGER = 5.0
@@ -209,47 +213,20 @@ async def scenario(url: str, publish: Publish) -> Run:
     return run
 
 
-async def jetstream_run(server: NatsServer, cap: str) -> Run:
-    nc = await nats.connect(server.url)
-    js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream("orders")
-    await js.add_stream(StreamConfig(name="orders", subjects=["orders"]))
-    await js.add_consumer(
-        "orders",
-        ConsumerConfig(
-            durable_name="workers",
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=ACK_WAIT,
-            max_deliver=MAX_RETRY + 1,
-            max_ack_pending=MAX_ACK_PENDING[cap],
-            max_waiting=512,
-            filter_subject="orders",
-        ),
-    )
-
-    async def publish(names: list[str]) -> None:
-        for name in names:
-            await js.publish(
-                "orders",
-                name.encode(),
-                headers={"Content-Type": "text/plain", "X-Order": name, "Nats-Msg-Id": name},
-            )
-
-    try:
-        return await scenario(server.url, publish)
-    finally:
-        await js.delete_stream("orders")
-        await nc.close()
-
-
 _reference: dict[str, Run] = {}
 
 
 async def reference(server: NatsServer, cap: str) -> Run:
     """The JetStream run, done once per session and variant and shared by both transports."""
     if cap not in _reference:
-        _reference[cap] = await jetstream_run(server, cap)
+        async with on_jetstream(server, workers=False, headers=as_http) as side:
+            await add_workers(
+                side.nc,
+                max_ack_pending=MAX_ACK_PENDING[cap],
+                max_waiting=512,
+                filter_subject="orders",
+            )
+            _reference[cap] = await scenario(side.url, side.publish)
     return _reference[cap]
 
 
@@ -304,11 +281,7 @@ async def test_conformance(
     assert expected.results["consumer_info"]["max_ack_pending"] == MAX_ACK_PENDING[cap]
 
     await make_bridge(mode)
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    actual = await scenario(hub.url, publish)
+    actual = await scenario(hub.url, http_publisher(client))
     assert_same(expected, actual, metadata=mode == "hybrid")
 
     # The database agrees: m1..m7 delivered, m8 dead with its reason, m7 needed two attempts.
