@@ -209,6 +209,14 @@ class Metrics:
             registry=self.registry,
         )
         self.replica_lag.set(float("nan"))
+        self.partitions = Gauge(
+            "webhook_broker_partitions",
+            "Partitions of the job and message tables (PostgreSQL) by state: ATTACHED (taking"
+            " ids, or closed and kept), EXPORTED (archived), DETACHED, DROPPED; as of the"
+            " sweeper's last partition round.",
+            ["table", "state"],
+            registry=self.registry,
+        )
         self.reads = Counter(
             "webhook_broker_reads",
             "Reads that may go to the replica (status, lists, message reads, console pages), by"
@@ -231,6 +239,10 @@ class Metrics:
         if child is None:
             child = self._reads_by_source[source] = self.reads.labels(source)
         child.inc()
+
+    def partitions_counted(self, table: str, states: dict[str, int]) -> None:
+        for state, n in states.items():
+            self.partitions.labels(table, state).set(n)
 
     def replica_lag_measured(self, seconds: float | None) -> None:
         self.replica_lag.set(float("nan") if seconds is None else seconds)

@@ -1,7 +1,9 @@
-"""The job table's partitions on PostgreSQL (app/store/partitions.py, app/services/retention.py):
-made ahead and rotated, the unfinished jobs of an old one moved forward and still delivered
-once, the old one dropped after its export whatever step a crash stopped at, the hot
-statements reaching only the partitions they must, and the migration of a table with rows."""
+"""The job and message tables' partitions on PostgreSQL (app/store/partitions.py,
+app/services/retention.py): made ahead and rotated, the unfinished jobs of an old one moved
+forward and still delivered once, the old one dropped after its export whatever step a crash
+stopped at, a message partition dropped once archived and no job points into it, message ids
+unique over every partition, the hot statements reaching only the partitions they must, and
+the migration of tables with rows."""
 
 from __future__ import annotations
 
@@ -17,15 +19,18 @@ import httpx
 import psycopg
 import pytest
 from alembic import command
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from app.config import DatabaseConfig, load_config_text
+from app.metrics import Metrics
 from app.runtime import Runtime
-from app.services.retention import RetentionService
-from app.store import attempts, queue
+from app.services.retention import RetentionService, RoundReport
+from app.store import attempts, messages, queue
+from app.store.bridge import BridgeStore
 from app.store.ledger import LedgerStore
 from app.store.migrate import alembic_config, upgrade
 from app.store.partitions import SPAN, PartitionStore
+from app.store.schema import message
 from tests.helpers.pull import (
     consumer_pk,
     producer_headers,
@@ -352,6 +357,12 @@ async def many_jobs(rt: Runtime, prefix: str, count: int) -> None:
         " WHERE m.message_id LIKE :prefix || '%%'",
         prefix=prefix,
     )
+    await sql(
+        rt,
+        "INSERT INTO message_key (channel_id, message_id, message_pk)"
+        " SELECT channel_id, message_id, pk FROM message WHERE message_id LIKE :prefix || '%%'",
+        prefix=prefix,
+    )
 
 
 def _numbered(statement: str) -> tuple[str, list[str]]:
@@ -366,13 +377,13 @@ def _numbered(statement: str) -> tuple[str, list[str]]:
     return re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%"), names
 
 
-def _partitions_reached(plan: Any) -> set[str]:
-    """Partitions of job the executed plan read (loops > 0)."""
+def _partitions_reached(plan: Any, prefix: str = "job_p") -> set[str]:
+    """Partitions of job (or another table) the executed plan read (loops > 0)."""
     found: set[str] = set()
 
     def walk(node: Any) -> None:
         name = node.get("Relation Name", "")
-        if name.startswith("job_p") and node.get("Actual Loops", 0) > 0:
+        if name.startswith(prefix) and node.get("Actual Loops", 0) > 0:
             found.add(name)
         for child in node.get("Plans", []):
             walk(child)
@@ -395,9 +406,12 @@ def _rows_written(plan: Any) -> int:
     return walk(plan[0]["Plan"])
 
 
-async def _explain(rt: Runtime, statement: str, params: dict[str, Any]) -> tuple[set[str], int]:
+async def _explain(
+    rt: Runtime, statement: str, params: dict[str, Any], prefix: str = "job_p"
+) -> tuple[set[str], int]:
     """The statement prepared and run (then rolled back) with its generic plan, as the broker's
-    connections end up running it, and the partitions that plan reached."""
+    connections end up running it, and the partitions (of job, or whose names start with
+    `prefix`) that plan reached."""
     numbered, names = _numbered(statement)
     values = ", ".join(_literal(params[n]) for n in names)
     async with rt.db.transaction() as tx:
@@ -413,7 +427,7 @@ async def _explain(rt: Runtime, statement: str, params: dict[str, Any]) -> tuple
             await tx.conn.exec_driver_sql("DEALLOCATE probe")
         await tx.conn.rollback()
     plan = plan if isinstance(plan, list) else json.loads(plan)
-    return _partitions_reached(plan), _rows_written(plan)
+    return _partitions_reached(plan, prefix), _rows_written(plan)
 
 
 def _literal(value: Any) -> str:
@@ -434,11 +448,11 @@ async def test_acks_claims_and_publishes_reach_only_the_partitions_they_must(
     for round_ in range(3):  # three partitions with jobs: p0, p1, p2 (and p3 ahead)
         await many_jobs(runtime, f"r{round_}-", PER_PARTITION)
         await service.maintain()
-        await interval_over(runtime)
+        await both_intervals_over(runtime)  # and their messages in message_p0, p1, p2
         await service.maintain()
     # Sizes the statistics see: on a few rows a hash join over a whole index is the cheaper
     # plan for a batch of acks, whatever the partitioning.
-    await runtime.db.run_alone("ANALYZE job", {}, prepare=False)
+    await runtime.db.run_alone("ANALYZE job, message, message_key", {}, prepare=False)
     assert await leaves(runtime) == ["job_p0", "job_p1", "job_p2", "job_p3", "job_p4"]
     pk = await consumer_pk(runtime, k1.id)
     claimed = await sql(runtime, "SELECT id FROM job WHERE id >= :low ORDER BY id", low=SPAN)
@@ -466,36 +480,47 @@ async def test_acks_claims_and_publishes_reach_only_the_partitions_they_must(
     # as it must (any may hold queued jobs until drained); its update reaches only the
     # partition of the jobs it took.
     await sql(runtime, "UPDATE job SET status = 'DELIVERED' WHERE id < :low", low=2 * SPAN)
-    claim = await _explain(
-        runtime,
-        queue.claim_sql("pk", 3, numbered=False, by_bytes=False, capped=True),
-        {
-            "consumer_pk": pk,
-            "consumer_type": "pull",
-            "incremental_timeout": 0,
-            "default_ack_wait": 30,
-        },
-    )
+    claim_params = {
+        "consumer_pk": pk,
+        "consumer_type": "pull",
+        "incremental_timeout": 0,
+        "default_ack_wait": 30,
+    }
+    claim_sql = queue.claim_sql("pk", 3, numbered=False, by_bytes=False, capped=True)
+    claim = await _explain(runtime, claim_sql, claim_params)
     assert claim == ({"job_p2"}, 3)
+    # Its read of the jobs' messages (by pk) reaches only their partition.
+    claimed_messages = await _explain(runtime, claim_sql, claim_params, "message_p")
+    assert claimed_messages[0] == {"message_p2"}
     # A publish inserts into the partition taking ids and reads no job partition.
-    published = await _explain(
-        runtime,
-        queue.PUBLISH,
-        {
-            "producer_id": "p1",
-            "channel_id": "c1",
-            "channel_token": runtime.tokens.digest("channel-token"),
-            "producer_token": runtime.tokens.digest("producer-token"),
-            "message_id": f"probe-{uuid.uuid4().hex}",
-            "payload": "probe",
-            "content_type": "text/plain",
-            "priority": 0,
-            "headers": "{}",
-            "scheduled_for": None,
-            "payload_size": 5,
-        },
-    )
+    probe = {
+        "producer_id": "p1",
+        "channel_id": "c1",
+        "channel_token": runtime.tokens.digest("channel-token"),
+        "producer_token": runtime.tokens.digest("producer-token"),
+        "message_id": f"probe-{uuid.uuid4().hex}",
+        "payload": "probe",
+        "content_type": "text/plain",
+        "priority": 0,
+        "headers": "{}",
+        "scheduled_for": None,
+        "payload_size": 5,
+    }
+    published = await _explain(runtime, queue.PUBLISH, probe)
     assert published == (set(), 1)
+    # Nor any message partition: the duplicate check is message_key's index, the insert goes
+    # straight to the partition taking pks.
+    published_messages = await _explain(runtime, queue.PUBLISH, probe, "message_p")
+    assert published_messages[0] == set()
+    # A repeated id (of a message in message_p0) writes nothing and reads no partition.
+    repeated = await _explain(runtime, queue.PUBLISH, {**probe, "message_id": "r0-7"}, "message_p")
+    assert repeated == (set(), 0)
+    # A read by message id finds the pk in message_key, then reads one partition.
+    for message_id, partition in (("r0-5", "message_p0"), ("r2-9", "message_p2")):
+        by_id = select(message).where(message.c.pk == messages.pk_of("c1", message_id))
+        compiled = by_id.compile(dialect=runtime.db.engine.dialect)
+        read = await _explain(runtime, str(compiled), dict(compiled.params), "message_p")
+        assert read[0] == {partition}
 
 
 # -- the migration -----------------------------------------------------------------------------
@@ -533,6 +558,7 @@ SEED = [
     " now(), now(), now() FROM message m CROSS JOIN consumer c",
 ]
 JOBS = "SELECT * FROM job ORDER BY id"
+MESSAGES = "SELECT pk, channel_id, message_id, payload FROM message ORDER BY pk"
 COUNTS = (
     "SELECT consumer_pk, status, sum(n) FROM job_count"
     " GROUP BY 1, 2 HAVING sum(n) <> 0 ORDER BY 1, 2"
@@ -545,6 +571,7 @@ def test_the_migration_keeps_every_row_and_the_counts(migrated_to_0017: Database
         for statement in SEED:
             conn.execute(statement)
         jobs, counts = conn.execute(JOBS).fetchall(), conn.execute(COUNTS).fetchall()
+        stored = conn.execute(MESSAGES).fetchall()
     assert len(jobs) == 1000
 
     upgrade(migrated_to_0017)
@@ -559,6 +586,24 @@ def test_the_migration_keeps_every_row_and_the_counts(migrated_to_0017: Database
             "SELECT name, lower_id, upper_id, status FROM job_partition"
         ).fetchall()
         assert parts == [("job_p0", None, SPAN, "ATTACHED")]
+        # The message table too, its ids in message_key, still unique.
+        assert conn.execute(MESSAGES).fetchall() == stored
+        assert conn.execute("SELECT pg_get_partkeydef('message'::regclass)").fetchone() == (
+            "RANGE (pk)",
+        )
+        parts = conn.execute(
+            "SELECT name, lower_id, upper_id, status FROM message_partition"
+        ).fetchall()
+        assert parts == [("message_p0", None, SPAN, "ATTACHED")]
+        keys = conn.execute(
+            "SELECT message_pk, channel_id, message_id FROM message_key ORDER BY message_pk"
+        ).fetchall()
+        assert keys == [(pk, channel, message_id) for pk, channel, message_id, _ in stored]
+        with pytest.raises(psycopg.errors.UniqueViolation), conn.transaction():
+            conn.execute(
+                "INSERT INTO message_key (channel_id, message_id, message_pk)"
+                " SELECT 'c1', 'm2', max(pk) FROM message"
+            )
         # The sequence goes on where it was; new jobs counted by the triggers on job.
         row = conn.execute(
             "INSERT INTO job (message_pk, consumer_pk, status, earliest_next_attempt_at,"
@@ -580,24 +625,46 @@ def test_the_migration_keeps_every_row_and_the_counts(migrated_to_0017: Database
             "SELECT count(*) FROM job WHERE message_pk NOT IN (SELECT pk FROM message)"
         ).fetchone()
         assert gone == (0,)
+        # Its key too.
+        assert conn.execute("SELECT count(*) FROM message_key").fetchone() == (499,)
         conn.execute("DELETE FROM job WHERE id = %s", (row[0],))
         jobs_after = conn.execute(JOBS).fetchall()
+        messages_after = conn.execute(MESSAGES).fetchall()
 
     command.downgrade(alembic_config(migrated_to_0017), "0017_consumer_backfill")
     with psycopg.connect(url) as conn:
         assert conn.execute(JOBS).fetchall() == jobs_after
+        assert conn.execute(MESSAGES).fetchall() == messages_after
         assert conn.execute("SELECT to_regclass('job_partition')").fetchone() == (None,)
+        assert conn.execute("SELECT to_regclass('message_key')").fetchone() == (None,)
+        with pytest.raises(psycopg.errors.UniqueViolation), conn.transaction():
+            conn.execute(
+                "INSERT INTO message (channel_id, message_id, producer_id, payload,"
+                " content_type, headers, received_at)"
+                " VALUES ('c1', 'm2', 'p1', 'x', 'text/plain', '{}', now())"
+            )
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
 async def test_sqlite_keeps_one_table(client: httpx.AsyncClient, runtime: Runtime) -> None:
     (k1,) = await setup_channel(client)
-    await publish(client, "one")
+    await publish(client, "one", message_id="only")
     service = retention(runtime)
     report = await service.run_round()
     assert (report.created, report.rotated_to, report.moved) == ([], None, 0)
     assert await sql(runtime, "SELECT count(*) FROM job_partition") == [(0,)]
+    assert await sql(runtime, "SELECT count(*) FROM message_partition") == [(0,)]
     assert len(await pull_jobs(client, k1)) == 1
+    # message_key is the duplicate check here too: a repeated id is refused and leaves no
+    # message behind; a read by id finds the message.
+    r = await client.post(
+        "/channel/c1/broadcast",
+        content=b"again",
+        headers=producer_headers(**{"X-Broker-Message-ID": "only"}),
+    )
+    assert r.status_code == 409, r.text
+    assert await sql(runtime, "SELECT count(*) FROM message") == [(1,)]
+    assert (await client.get("/channel/c1/message/only")).json()["Payload"] == "one"
 
 
 @pytest.mark.parametrize(
@@ -659,3 +726,172 @@ async def test_claims_go_on_while_a_partition_is_drained(
     assert len(rows) == 600 and all(n == 1 for _, n in rows)
     assert await sql(runtime, "SELECT count(*) FROM job WHERE status <> 'DELIVERED'") == [(0,)]
     await counts_match_rows(runtime)
+
+
+# -- the message table -------------------------------------------------------------------------
+
+
+async def message_leaves(rt: Runtime) -> list[str]:
+    rows = await sql(
+        rt,
+        "SELECT relid::regclass::text FROM pg_partition_tree('message') WHERE isleaf ORDER BY 1",
+    )
+    return [r[0] for r in rows]
+
+
+async def both_intervals_over(rt: Runtime) -> None:
+    """The job and the message tables' taking partitions' intervals ended."""
+    await interval_over(rt)
+    await sql(
+        rt,
+        "UPDATE message_partition SET opened_at = now() - interval '61 minutes'"
+        " WHERE opened_at IS NOT NULL AND closed_at IS NULL",
+    )
+
+
+async def message_state(rt: Runtime, name: str) -> str:
+    rows = await sql(rt, "SELECT status FROM message_partition WHERE name = :n", n=name)
+    return str(rows[0][0])
+
+
+async def test_message_partitions_rotate_with_the_job_partitions_and_ids_stay_unique(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client)
+    service = retention(runtime)
+    assert await message_leaves(runtime) == ["message_p0"]
+    await service.maintain()
+    assert await message_leaves(runtime) == ["message_p0", "message_p1"]  # ahead, empty
+    await publish(client, "before", message_id="order-1")
+    await both_intervals_over(runtime)
+    report = RoundReport()
+    await service.maintain(report)
+    assert (report.rotated_to, report.messages_rotated_to) == ("job_p1", "message_p1")
+    assert await message_leaves(runtime) == ["message_p0", "message_p1", "message_p2"]
+    await publish(client, "after", message_id="order-2")
+    rows = await sql(
+        runtime,
+        "SELECT message_id, pk, tableoid::regclass::text FROM message ORDER BY pk",
+    )
+    assert [(r[0], r[2]) for r in rows] == [("order-1", "message_p0"), ("order-2", "message_p1")]
+    assert rows[0][1] < SPAN <= rows[1][1]
+    # The id of a message in the closed partition is still taken: the duplicate check spans
+    # every partition.
+    r = await client.post(
+        "/channel/c1/broadcast",
+        content=b"again",
+        headers=producer_headers(**{"X-Broker-Message-ID": "order-1"}),
+    )
+    assert r.status_code == 409, r.text
+    assert await sql(runtime, "SELECT count(*) FROM message") == [(2,)]
+    # Reads by id find either; the stream's sequences are the pks, over both partitions.
+    for message_id in ("order-1", "order-2"):
+        r = await client.get(f"/channel/c1/message/{message_id}")
+        assert r.status_code == 200 and r.json()["ID"] == message_id, r.text
+    async with runtime.db.transaction() as tx:
+        stream = await BridgeStore(tx).stream_state("c1")
+    assert stream is not None
+    assert (stream.messages, stream.first_seq, stream.last_seq) == (2, rows[0][1], rows[1][1])
+    # Jobs of both, delivered by id from their own partitions.
+    jobs = await pull_jobs(client, k1, batch=2)
+    assert sorted(j["Message"]["MessageID"] for j in jobs) == ["order-1", "order-2"]
+
+
+async def archived(rt: Runtime, low: int, high: int) -> None:
+    """What the batch archive does to messages no job refers to any more: deleted (their keys
+    go with them)."""
+    await sql(rt, "DELETE FROM message WHERE pk >= :low AND pk < :high", low=low, high=high)
+
+
+async def test_a_message_partition_goes_once_archived_and_no_job_points_into_it(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    (k1,) = await setup_channel(client)
+    for i in range(3):
+        await publish(client, f"x{i}", message_id=f"old-{i}")
+    for j in await pull_jobs(client, k1, batch=3):
+        r = await set_state(client, k1, j["ID"], {"NextState": "DELIVERED"})
+        assert r.status_code == 202, r.text
+    metrics = Metrics()
+    service = RetentionService(
+        runtime.db, 3600, 0, hold_seconds=HOLD, observe_states=metrics.partitions_counted
+    )
+    await service.maintain()
+    await both_intervals_over(runtime)
+    await service.maintain()
+    # Closed and past the retention, but its messages are kept and their jobs point at them.
+    report = await service.run_round()
+    assert report.dropped == [] and await message_state(runtime, "message_p0") == "ATTACHED"
+    # The job partition goes first (exported, dropped); the messages, no job left on them,
+    # are archived; then the message partition goes.
+    assert await service.store.mark_exported("job_p0", 3)
+    assert (await service.finish_exported()).dropped == ["job_p0"]
+    assert await service.message_store.state_counts() == {
+        "ATTACHED": 3,
+        "EXPORTED": 0,
+        "DETACHED": 0,
+        "DROPPED": 0,
+    }
+    await archived(runtime, 0, SPAN)
+    report = await service.run_round()
+    assert report.dropped == ["message_p0"]
+    assert await message_leaves(runtime) == ["message_p1", "message_p2"]
+    assert await message_state(runtime, "message_p0") == "DROPPED"
+    exposed = metrics.render().decode()
+    assert 'webhook_broker_partitions{state="DROPPED",table="message"} 1.0' in exposed
+    assert 'webhook_broker_partitions{state="ATTACHED",table="message"} 2.0' in exposed
+    assert 'webhook_broker_partitions{state="DROPPED",table="job"} 1.0' in exposed
+    # The ids are free again, as an archived message's always were.
+    await publish(client, "new", message_id="old-0")
+    assert (await service.run_round()).dropped == []  # and once only
+
+
+async def test_an_exported_message_partition_waits_for_the_jobs_pointing_into_it(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    # Marked exported with its messages in it (as an export of whole message partitions would
+    # mark it): a job moved out of its old partition still points at one of them, so it stays
+    # until that job is gone; then its keys go, and it is detached (the foreign keys of job and
+    # message_key refusing nothing) and dropped.
+    (k1,) = await setup_channel(client)
+    await publish(client, "kept", message_id="dead-one")
+    service = retention(runtime)
+    await service.maintain()
+    await both_intervals_over(runtime)
+    await service.maintain()
+    await sql(runtime, "UPDATE job SET status = 'DEAD'")
+    await service.drain()
+    (job_id,) = (await sql(runtime, "SELECT id FROM job"))[0]
+    assert job_id >= SPAN  # moved forward; its message stays where it is
+    await sql(
+        runtime,
+        "UPDATE message_partition SET status = 'EXPORTED', exported_rows = 1"
+        " WHERE name = 'message_p0'",
+    )
+    assert (await service.finish_messages()).detached == []
+    assert await message_state(runtime, "message_p0") == "EXPORTED"
+    r = await client.get("/channel/c1/message/dead-one")
+    assert r.status_code == 200, r.text
+    await sql(runtime, "DELETE FROM job WHERE id = :id", id=job_id)
+    report = await service.finish_messages()
+    assert (report.detached, report.dropped) == (["message_p0"], ["message_p0"])
+    assert await sql(runtime, "SELECT count(*) FROM message_key") == [(0,)]
+    assert "message_p0" not in await message_leaves(runtime)
+
+
+async def test_a_crash_between_the_message_detach_and_drop_is_finished_next_round(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    await setup_channel(client)
+    service = retention(runtime)
+    await service.maintain()
+    await both_intervals_over(runtime)
+    await service.maintain()
+    assert await service.message_store.mark_emptied(
+        (await service.message_store.partitions())[0], 0
+    )
+    await service.message_store.detach("message_p0")  # and the process dies here
+    assert await message_state(runtime, "message_p0") == "DETACHED"
+    report = await service.finish_messages()
+    assert (report.detached, report.dropped) == ([], ["message_p0"])
+    assert (await sql(runtime, "SELECT to_regclass('message_p0')"))[0][0] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from alembic import context
 from sqlalchemy import create_engine, text
@@ -14,9 +15,21 @@ from app.store.schema import metadata
 config = context.config
 
 
+PARTITION = re.compile(r"(job|message)_p\d+")
+
+
 def include_name(name: str | None, type_: str, _parents: object) -> bool:
-    """The job table's partitions (job_p<n>, made by the sweeper) are not models of their own."""
-    return not (type_ == "table" and name is not None and re.fullmatch(r"job_p\d+", name))
+    """The job and message tables' partitions (job_p<n>, message_p<n>, made by the sweeper) are
+    not models of their own."""
+    return not (type_ == "table" and name is not None and PARTITION.fullmatch(name))
+
+
+def include_object(obj: Any, _name: str | None, type_: str, reflected: bool, _other: Any) -> bool:
+    """Nor are the foreign keys PostgreSQL adds from a table to each partition of one it
+    references (job's and message_key's to message_p<n>)."""
+    if type_ == "foreign_key_constraint" and reflected:
+        return not PARTITION.fullmatch(obj.referred_table.name)
+    return True
 
 
 url = config.attributes.get("sqlalchemy_url") or sync_url(load_config().database)
@@ -42,6 +55,7 @@ def run_migrations_online() -> None:
                 render_as_batch=connection.dialect.name == "sqlite",
                 compare_type=True,
                 include_name=include_name,
+                include_object=include_object,
             )
             with context.begin_transaction():
                 context.run_migrations()

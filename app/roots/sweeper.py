@@ -41,7 +41,11 @@ def start_sweeping(process: Process, sweeps: SweepService, redrives: RedriveServ
         interval = config.database.partition_interval_seconds
         period = period_for(interval)
         retention = RetentionService(
-            process.db, interval, config.pipeline.retention_days, hold_seconds=2 * period
+            process.db,
+            interval,
+            config.pipeline.retention_days,
+            hold_seconds=2 * period,
+            observe_states=process.metrics.partitions_counted,
         )
         process.spawn(PartitionRunner(retention, period).run, "partitions")
 

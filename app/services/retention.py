@@ -1,11 +1,14 @@
-"""The job table's partitions over their life (PostgreSQL): made ahead, rotated each interval,
-drained of unfinished jobs once their retention has passed, and, after the archive exported
-and read them back, detached and dropped. Each step is safe to repeat and to run from several
-sweepers; whatever a crash interrupted, the next round finishes (app/store/partitions.py)."""
+"""The job and message tables' partitions over their life (PostgreSQL): made ahead, rotated
+each interval (the two tables in the same round), job partitions drained of unfinished jobs once
+their retention has passed, and, after the archive exported and read them back (job partitions)
+or archived every message of them (message partitions, once no job points into them), detached
+and dropped. Each step is safe to repeat and to run from several sweepers; whatever a crash
+interrupted, the next round finishes (app/store/partitions.py)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -14,6 +17,7 @@ from app.store.partitions import (
     ATTACHED,
     DETACHED,
     EXPORTED,
+    MESSAGES,
     ROTATE_AT,
     Partition,
     PartitionStore,
@@ -22,13 +26,17 @@ from app.store.partitions import (
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1000  # jobs per moving statement: each is its own short transaction
+CHUNK = 1000  # jobs per moving statement, keys per deleting one: each its own short transaction
+
+# Told after each round, per table: its partitions by state (the sweeper's metrics gauge).
+StatesObserver = Callable[[str, dict[str, int]], None]
 
 
 @dataclass
 class RoundReport:
     created: list[str] = field(default_factory=list)
     rotated_to: str | None = None
+    messages_rotated_to: str | None = None
     held: int = 0
     moved: int = 0
     detached: list[str] = field(default_factory=list)
@@ -44,8 +52,12 @@ class RetentionService:
         *,
         hold_seconds: float,
         chunk: int = CHUNK,
+        observe_states: StatesObserver | None = None,
     ) -> None:
         self._store = PartitionStore(db)
+        self._messages = PartitionStore(db, MESSAGES)
+        self._observe = observe_states
+        self._retention_days = retention_days
         self._enabled = db.dialect == "postgresql"
         self._interval = interval_seconds
         self._retention = timedelta(days=retention_days)
@@ -57,6 +69,10 @@ class RetentionService:
     def store(self) -> PartitionStore:
         return self._store
 
+    @property
+    def message_store(self) -> PartitionStore:
+        return self._messages
+
     async def run_round(self) -> RoundReport:
         report = RoundReport()
         if not self._enabled:
@@ -64,29 +80,42 @@ class RetentionService:
         await self.maintain(report)
         await self.drain(report)
         await self.finish_exported(report)
+        await self.finish_messages(report)
+        await self.observe()
         return report
 
+    async def observe(self) -> None:
+        if self._observe is None:
+            return
+        for store in (self._store, self._messages):
+            self._observe(store.of.table, await store.state_counts())
+
     async def maintain(self, report: RoundReport | None = None) -> None:
-        """A partition ahead of the one taking ids, and the rotation once its interval ends
-        (or three quarters of its ids are used)."""
+        """For the job table and then the message table: a partition ahead of the one taking
+        ids, and the rotation once its interval ends (or three quarters of its ids are used)."""
         report = report or RoundReport()
-        attached = [p for p in await self._store.partitions() if p.status == ATTACHED]
+        for store in (self._store, self._messages):
+            await self._maintain(store, report)
+
+    async def _maintain(self, store: PartitionStore, report: RoundReport) -> None:
+        attached = [p for p in await store.partitions() if p.status == ATTACHED]
         if not attached:
             return
-        position = await self._store.position()
+        position = await store.position()
         current = next((p for p in attached if p.low <= position < p.upper_id), None)
+        table = store.of.table
         if current is None:  # the sequence past every partition: only a manual setval does it
-            log.error("job id %d is in no partition of the job table", position)
+            log.error("%s id %d is in no partition of the %s table", table, position, table)
             return
         if current.opened_at is None:  # a rotation's setval landed, its commit did not
-            await self._store.mark_opened(current.name)
-            current = next(p for p in await self._store.partitions() if p.name == current.name)
+            await store.mark_opened(current.name)
+            current = next(p for p in await store.partitions() if p.name == current.name)
         ahead = [p for p in attached if p.low >= current.upper_id]
         if not ahead:
-            if await self._store.create(current.upper_id):
-                report.created.append(_name_of(current.upper_id))
-            ahead = [p for p in await self._store.partitions() if p.low >= current.upper_id]
-        now = await self._store.now()
+            if await store.create(current.upper_id):
+                report.created.append(partition_name(current.upper_id, store.of))
+            ahead = [p for p in await store.partitions() if p.low >= current.upper_id]
+        now = await store.now()
         used = position - (current.lower_id if current.lower_id is not None else 0)
         timed_out = (
             self._interval > 0
@@ -95,11 +124,14 @@ class RetentionService:
         )
         if (timed_out or used >= ROTATE_AT) and ahead:
             following = ahead[0]
-            if await self._store.rotate(current.name, following):
-                report.rotated_to = following.name
-                log.info("job ids now go to partition %s", following.name)
-                if await self._store.create(following.upper_id):
-                    report.created.append(_name_of(following.upper_id))
+            if await store.rotate(current.name, following):
+                if store is self._store:
+                    report.rotated_to = following.name
+                else:
+                    report.messages_rotated_to = following.name
+                log.info("%s ids now go to partition %s", table, following.name)
+                if await store.create(following.upper_id):
+                    report.created.append(partition_name(following.upper_id, store.of))
 
     async def drain(self, report: RoundReport | None = None) -> RoundReport:
         """Unfinished jobs of partitions past their retention, moved to the current one."""
@@ -150,6 +182,29 @@ class RetentionService:
                 log.info("job partition %s dropped after its archive", part.name)
         return report
 
-
-def _name_of(lower_id: int) -> str:
-    return partition_name(lower_id)
+    async def finish_messages(self, report: RoundReport | None = None) -> RoundReport:
+        """Message partitions whose messages are all archived, and that no job points into
+        any more: their keys forgotten, then detached and dropped."""
+        report = report or RoundReport()
+        store = self._messages
+        for part in await store.partitions():
+            status = part.status
+            if (
+                status == ATTACHED
+                and part.closed_at is not None
+                and await store.mark_emptied(part, self._retention_days)
+            ):
+                status = EXPORTED
+            if status == EXPORTED:
+                if await store.referenced(part):
+                    continue  # a job (or a job partition on its way out) still points into it
+                while (forgotten := await store.forget_keys(part, self._chunk)) > 0:
+                    if forgotten < self._chunk:
+                        break
+                await store.detach(part.name)
+                report.detached.append(part.name)
+                status = DETACHED
+            if status == DETACHED and await store.drop(part.name):
+                report.dropped.append(part.name)
+                log.info("message partition %s dropped after its archive", part.name)
+        return report

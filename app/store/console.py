@@ -31,6 +31,7 @@ from app.store.schema import (
     job,
     job_count,
     message,
+    message_key,
     push_state,
 )
 
@@ -134,8 +135,9 @@ class ConsoleStore:
         if which.min_attempts:
             where.append(job.c.attempt >= which.min_attempts)
         if which.message_id:
-            named = select(message.c.pk).where(
-                message.c.channel_id == channel_id, message.c.message_id == which.message_id
+            named = select(message_key.c.message_pk).where(
+                message_key.c.channel_id == channel_id,
+                message_key.c.message_id == which.message_id,
             )
             where.append(job.c.message_pk == named.scalar_subquery())
         return where

@@ -16,7 +16,7 @@ from app.domain.models import Cursor, Message, Page
 from app.store.db import Tx, now
 from app.store.ledger import LedgerStore
 from app.store.pagination import decode_int_cursor, page_bounds, paginate
-from app.store.schema import consumer, job, message
+from app.store.schema import consumer, job, message, message_key
 from app.store.types import Timestamp
 
 
@@ -61,6 +61,16 @@ def insert_queued_jobs(picked: Select[Any]) -> Insert:
     return insert(job).from_select(QUEUED_JOB_COLUMNS, picked)
 
 
+def pk_of(channel_id: str, message_id: str) -> Any:
+    """The message's pk by its id: found in message_key first, so that the read of message
+    that follows reaches one partition (pruned when it runs)."""
+    return (
+        select(message_key.c.message_pk)
+        .where(message_key.c.channel_id == channel_id, message_key.c.message_id == message_id)
+        .scalar_subquery()
+    )
+
+
 class MessageStore:
     def __init__(self, tx: Tx) -> None:
         self._tx = tx
@@ -80,27 +90,36 @@ class MessageStore:
         """Store the message and one QUEUED job per consumer of the channel.
 
         Returns the message and the consumers that got a job. A repeated message id raises
-        Conflict; the caller's transaction then rolls back, so nothing is half written.
+        Conflict, and nothing of the message is written.
         """
         db_now = now(self._tx.dialect)
         try:
-            row = (
-                await self._tx.conn.execute(
-                    insert(message)
-                    .values(
-                        channel_id=channel_id,
-                        message_id=message_id,
-                        producer_id=producer_id,
-                        payload=payload,
-                        content_type=content_type,
-                        priority=priority,
-                        headers=headers,
-                        received_at=db_now,
-                        scheduled_for=scheduled_for,
+            # A savepoint: a repeated id leaves no message behind, whatever the caller does
+            # with its transaction then.
+            async with self._tx.conn.begin_nested():
+                row = (
+                    await self._tx.conn.execute(
+                        insert(message)
+                        .values(
+                            channel_id=channel_id,
+                            message_id=message_id,
+                            producer_id=producer_id,
+                            payload=payload,
+                            content_type=content_type,
+                            priority=priority,
+                            headers=headers,
+                            received_at=db_now,
+                            scheduled_for=scheduled_for,
+                        )
+                        .returning(*message.c)
                     )
-                    .returning(*message.c)
+                ).one()
+                # The duplicate check (message_key: unique over every partition of message).
+                await self._tx.conn.execute(
+                    insert(message_key).values(
+                        channel_id=channel_id, message_id=message_id, message_pk=row.pk
+                    )
                 )
-            ).one()
         except IntegrityError:
             raise Conflict(
                 f"message {message_id!r} already exists in channel {channel_id!r}"
@@ -127,9 +146,7 @@ class MessageStore:
         return stored, consumer_pks
 
     async def get(self, channel_id: str, message_id: str) -> Message | None:
-        query = select(message).where(
-            message.c.channel_id == channel_id, message.c.message_id == message_id
-        )
+        query = select(message).where(message.c.pk == pk_of(channel_id, message_id))
         row = (await self._tx.conn.execute(query)).first()
         return message_from_row(row) if row else None
 
@@ -143,11 +160,7 @@ class MessageStore:
         found = (
             await self._tx.conn.execute(
                 select(message.c.pk)
-                .where(
-                    message.c.channel_id == channel_id,
-                    message.c.message_id == message_id,
-                    not_due,
-                )
+                .where(message.c.pk == pk_of(channel_id, message_id), not_due)
                 .with_for_update()
             )
         ).scalar_one_or_none()

@@ -1,4 +1,5 @@
-"""The job table's partitions on PostgreSQL: made ahead, rotated, drained, detached and dropped.
+"""The job and message tables' partitions on PostgreSQL: made ahead, rotated, drained (jobs),
+detached and dropped.
 
 `job` is range-partitioned by its id (migration 0018_job_partitions, where the why is): each
 partition holds the ids issued in one `[rdbms] partition-interval`, because the ids are what
@@ -12,10 +13,18 @@ each rotation. A partition also rotates once three quarters of its span are used
 its retention), EXPORTED (the archive wrote and read back its rows), DETACHED, DROPPED. Every
 step is one conditional statement or one transaction, and each looks at the state first, so a
 run that stopped anywhere is finished by the next.
+
+`message` is split the same way by its pk (migration 0020_message_partitions), its partitions
+made and rotated with the job table's, their state in `message_partition`. Messages never move
+(their pk is the NATS bridge's stream sequence and what jobs point at), so a message partition
+goes only once nothing of it is left to keep: closed, past the retention, its messages archived
+(the batch archive deletes those no job refers to any more; a partition left empty is marked
+EXPORTED here), and no job pointing into it; its keys in message_key go before its detach.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,6 +49,26 @@ SEQUENCE = "job_id_seq"
 LOCK_TIMEOUT = "500ms"
 
 ATTACHED, EXPORTED, DETACHED, DROPPED = "ATTACHED", "EXPORTED", "DETACHED", "DROPPED"
+STATES = (ATTACHED, EXPORTED, DETACHED, DROPPED)
+
+
+@dataclass(frozen=True, slots=True)
+class Partitioned:
+    """A partitioned table: the sequence that issues its partition key, the table keeping its
+    partitions' state, and each partition's storage parameters."""
+
+    table: str
+    sequence: str
+    state: str
+    storage: Mapping[str, str]
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.table}_p"
+
+
+JOBS = Partitioned("job", SEQUENCE, "job_partition", JOB_PARTITION_WITH)
+MESSAGES = Partitioned("message", "message_pk_seq", "message_partition", {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,38 +86,42 @@ class Partition:
         return MIN_ID if self.lower_id is None else self.lower_id
 
 
-def partition_name(lower_id: int | None) -> str:
-    return "job_p0" if lower_id is None else f"job_p{lower_id // SPAN}"
+def partition_name(lower_id: int | None, of: Partitioned = JOBS) -> str:
+    return f"{of.prefix}0" if lower_id is None else f"{of.prefix}{lower_id // SPAN}"
 
 
+# Statements on a table's partitions and their state: {state}, {sequence} and {table} are those
+# of a Partitioned (constants of this module, never input).
 LIST = """
 SELECT name, lower_id, upper_id, opened_at, closed_at, status, exported_rows
-FROM job_partition WHERE status <> 'DROPPED' ORDER BY upper_id
+FROM {state} WHERE status <> 'DROPPED' ORDER BY upper_id
 """
 
+STATE_COUNTS = "SELECT status, count(*) FROM {state} GROUP BY status"
+
 # The next id the sequence hands out.
-POSITION = f"SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {SEQUENCE}"
+POSITION = "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {sequence}"
 
 REGISTER = """
-INSERT INTO job_partition (name, lower_id, upper_id, status, changed_at)
+INSERT INTO {state} (name, lower_id, upper_id, status, changed_at)
 VALUES (:name, :lower, :upper, 'ATTACHED', now())
 ON CONFLICT (name) DO NOTHING
 RETURNING name
 """
 
 MARK_OPENED = """
-UPDATE job_partition SET opened_at = now(), changed_at = now()
+UPDATE {state} SET opened_at = now(), changed_at = now()
 WHERE name = :name AND opened_at IS NULL
 """
 
 CLOSE = """
-UPDATE job_partition SET closed_at = now(), changed_at = now()
+UPDATE {state} SET closed_at = now(), changed_at = now()
 WHERE name = :name AND closed_at IS NULL
 """
 
 # Conditional: ids only move up, and only the sweeper that opened the partition gets here.
-JUMP = f"""
-SELECT setval('{SEQUENCE}', :lower, false) WHERE (SELECT last_value FROM {SEQUENCE}) < :lower
+JUMP = """
+SELECT setval('{sequence}', :lower, false) WHERE (SELECT last_value FROM {sequence}) < :lower
 """
 
 HOLD = """
@@ -124,17 +157,17 @@ SELECT count(*) FROM (
 """
 
 MARK_EXPORTED = """
-UPDATE job_partition SET status = 'EXPORTED', exported_rows = :rows, changed_at = now()
+UPDATE {state} SET status = 'EXPORTED', exported_rows = :rows, changed_at = now()
 WHERE name = :name AND status = 'ATTACHED' AND closed_at IS NOT NULL
 """
 
 MARK_DETACHED = """
-UPDATE job_partition SET status = 'DETACHED', changed_at = now()
+UPDATE {state} SET status = 'DETACHED', changed_at = now()
 WHERE name = :name AND status = 'EXPORTED'
 """
 
 MARK_DROPPED = """
-UPDATE job_partition SET status = 'DROPPED', changed_at = now()
+UPDATE {state} SET status = 'DROPPED', changed_at = now()
 WHERE name = :name AND status = 'DETACHED'
 RETURNING name
 """
@@ -143,7 +176,34 @@ RETURNING name
 # half way (pg_inherits.inhdetachpending): FINALIZE completes that one.
 ATTACHMENT = """
 SELECT i.inhdetachpending FROM pg_inherits i
-WHERE i.inhrelid = to_regclass(:name) AND i.inhparent = 'job'::regclass
+WHERE i.inhrelid = to_regclass(:name) AND i.inhparent = '{table}'::regclass
+"""
+
+# A closed message partition past the retention whose messages have all been archived (the
+# batch archive deletes each once no job refers to it): nothing in it to export, so it is
+# marked as exported with no rows. Its emptiness is asked in the statement that marks it.
+MARK_EMPTIED = """
+UPDATE message_partition SET status = 'EXPORTED', exported_rows = 0, changed_at = now()
+WHERE name = :name AND status = 'ATTACHED' AND closed_at IS NOT NULL
+  AND closed_at <= now() - make_interval(days => :days)
+  AND NOT EXISTS (SELECT 1 FROM message WHERE pk >= :low AND pk < :high)
+"""
+
+# Jobs that still point into a message partition (ix_job_message_pk of each job partition), or
+# a job partition detached but not dropped (it keeps its own foreign key to message).
+REFERENCED = """
+SELECT EXISTS (SELECT 1 FROM job WHERE message_pk >= :low AND message_pk < :high)
+    OR EXISTS (SELECT 1 FROM job_partition WHERE status IN ('EXPORTED', 'DETACHED'))
+"""
+
+# An exported message partition's ids leave message_key before its detach (whose foreign key
+# check would refuse while any points into it), a chunk a statement: from then on the ids are
+# free again, as an archived message's always were.
+FORGET_KEYS = """
+DELETE FROM message_key WHERE (channel_id, message_id) IN (
+    SELECT channel_id, message_id FROM message_key
+    WHERE message_pk >= :low AND message_pk < :high LIMIT :chunk
+)
 """
 
 EXISTS = "SELECT to_regclass(:name) IS NOT NULL"
@@ -188,25 +248,42 @@ def _partition(row: Any) -> Partition:
     return Partition(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
-def _ident(name: str) -> str:
-    """Partition names are made here (job_p<number>), never taken from input: checked anyway
-    before they go into DDL."""
-    if not (name.startswith("job_p") and name[5:].isdigit()):
-        raise ValueError(f"not a job partition: {name!r}")
+def _ident(name: str, of: Partitioned = JOBS) -> str:
+    """Partition names are made here (job_p<number>, message_p<number>), never taken from
+    input: checked anyway before they go into DDL."""
+    if not (name.startswith(of.prefix) and name[len(of.prefix) :].isdigit()):
+        raise ValueError(f"not a {of.table} partition: {name!r}")
     return name
 
 
 class PartitionStore:
-    """Statements on the partitions' state and the partitions themselves (PostgreSQL only)."""
+    """Statements on the partitions' state and the partitions themselves (PostgreSQL only), of
+    the job table or (`of=MESSAGES`) the message table."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, of: Partitioned = JOBS) -> None:
         self._db = db
+        self._of = of
+
+    @property
+    def of(self) -> Partitioned:
+        return self._of
+
+    def _sql(self, template: str) -> str:
+        of = self._of
+        return template.format(state=of.state, sequence=of.sequence, table=of.table)
 
     async def partitions(self) -> list[Partition]:
-        return [_partition(r) for r in await self._db.run_alone(LIST, {}, prepare=False)]
+        rows = await self._db.run_alone(self._sql(LIST), {}, prepare=False)
+        return [_partition(r) for r in rows]
+
+    async def state_counts(self) -> dict[str, int]:
+        """Partitions by state, every state named (0 where none)."""
+        rows = await self._db.run_alone(self._sql(STATE_COUNTS), {}, prepare=False)
+        counted = {str(r[0]): int(r[1]) for r in rows}
+        return {state: counted.get(state, 0) for state in STATES}
 
     async def position(self) -> int:
-        rows = await self._db.run_alone(POSITION, {}, prepare=False)
+        rows = await self._db.run_alone(self._sql(POSITION), {}, prepare=False)
         return int(rows[0][0])
 
     async def now(self) -> datetime:
@@ -217,26 +294,29 @@ class PartitionStore:
     async def create(self, lower_id: int) -> bool:
         """The partition of ids [lower_id, lower_id + SPAN), made and attached in one
         transaction with its state row (False: another sweeper made it)."""
-        name = _ident(partition_name(lower_id))
+        of = self._of
+        name = _ident(partition_name(lower_id, of), of)
         upper = lower_id + SPAN
-        storage = ", ".join(f"{k} = {v}" for k, v in JOB_PARTITION_WITH.items())
+        storage = ", ".join(f"{k} = {v}" for k, v in of.storage.items())
         async with self._db.transaction() as tx:
             await tx.conn.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
             made = await tx.conn.execute(
-                text(REGISTER), {"name": name, "lower": lower_id, "upper": upper}
+                text(self._sql(REGISTER)), {"name": name, "lower": lower_id, "upper": upper}
             )
             if made.scalar_one_or_none() is None:
                 return False
-            # Made apart and attached: CREATE ... PARTITION OF would lock job against claims.
+            # Made apart and attached: CREATE ... PARTITION OF would lock the table against
+            # claims (job) or publishes (message).
             await tx.conn.execute(
                 text(
-                    f"CREATE TABLE {name} (LIKE job INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-                    f" WITH ({storage})"
+                    f"CREATE TABLE {name}"
+                    f" (LIKE {of.table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+                    + (f" WITH ({storage})" if storage else "")
                 )
             )
             await tx.conn.execute(
                 text(
-                    f"ALTER TABLE job ATTACH PARTITION {name}"
+                    f"ALTER TABLE {of.table} ATTACH PARTITION {name}"
                     f" FOR VALUES FROM ({lower_id}) TO ({upper})"
                 )
             )
@@ -244,24 +324,24 @@ class PartitionStore:
 
     async def mark_opened(self, name: str) -> None:
         async with self._db.transaction() as tx:
-            await tx.conn.execute(text(MARK_OPENED), {"name": name})
+            await tx.conn.execute(text(self._sql(MARK_OPENED)), {"name": name})
 
     async def rotate(self, current: str, following: Partition) -> bool:
         """Close `current` and hand out ids from `following` on (False: already done)."""
         assert following.lower_id is not None
         async with self._db.transaction() as tx:
-            opened = await tx.conn.execute(text(MARK_OPENED), {"name": following.name})
+            opened = await tx.conn.execute(text(self._sql(MARK_OPENED)), {"name": following.name})
             if opened.rowcount == 0:
                 return False
-            await tx.conn.execute(text(CLOSE), {"name": current})
+            await tx.conn.execute(text(self._sql(CLOSE)), {"name": current})
             # setval is not undone by a rollback: should the commit fail, the next round finds
             # the sequence in `following` and marks it opened (maintain()).
-            await tx.conn.execute(text(JUMP), {"lower": following.lower_id})
+            await tx.conn.execute(text(self._sql(JUMP)), {"lower": following.lower_id})
         return True
 
     async def close(self, name: str) -> None:
         async with self._db.transaction() as tx:
-            await tx.conn.execute(text(CLOSE), {"name": name})
+            await tx.conn.execute(text(self._sql(CLOSE)), {"name": name})
 
     async def hold_due(self, part: Partition, chunk: int, hold_seconds: float) -> int:
         async with self._db.transaction() as tx:
@@ -287,35 +367,71 @@ class PartitionStore:
 
     async def mark_exported(self, name: str, rows: int) -> bool:
         async with self._db.transaction() as tx:
-            done = await tx.conn.execute(text(MARK_EXPORTED), {"name": name, "rows": rows})
+            done = await tx.conn.execute(
+                text(self._sql(MARK_EXPORTED)), {"name": name, "rows": rows}
+            )
             return bool(done.rowcount)
 
-    async def detach(self, name: str) -> None:
-        """DETACH ... CONCURRENTLY (no transaction around it; claims and acks go on), or
-        FINALIZE one that a crash interrupted; then the state says DETACHED."""
-        name = _ident(name)
+    async def mark_emptied(self, part: Partition, retention_days: int) -> bool:
+        """A closed message partition past the retention with no message left: EXPORTED."""
+        assert self._of is MESSAGES
         async with self._db.transaction() as tx:
-            attached = (await tx.conn.execute(text(ATTACHMENT), {"name": name})).all()
+            done = await tx.conn.execute(
+                text(MARK_EMPTIED),
+                {
+                    "name": part.name,
+                    "days": retention_days,
+                    "low": part.low,
+                    "high": part.upper_id,
+                },
+            )
+            return bool(done.rowcount)
+
+    async def referenced(self, part: Partition) -> bool:
+        """Whether any job still points into this message partition."""
+        async with self._db.transaction() as tx:
+            found = await tx.conn.execute(
+                text(REFERENCED), {"low": part.low, "high": part.upper_id}
+            )
+            return bool(found.scalar_one())
+
+    async def forget_keys(self, part: Partition, chunk: int) -> int:
+        async with self._db.transaction() as tx:
+            result = await tx.conn.execute(
+                text(FORGET_KEYS), {"low": part.low, "high": part.upper_id, "chunk": chunk}
+            )
+            return int(result.rowcount)
+
+    async def detach(self, name: str) -> None:
+        """DETACH ... CONCURRENTLY (no transaction around it; claims, acks and publishes go
+        on), or FINALIZE one that a crash interrupted; then the state says DETACHED."""
+        name = _ident(name, self._of)
+        async with self._db.transaction() as tx:
+            attached = (await tx.conn.execute(text(self._sql(ATTACHMENT)), {"name": name})).all()
         if attached:
             how = "FINALIZE" if attached[0][0] else "CONCURRENTLY"
             await self._db.run_alone(
-                f"ALTER TABLE job DETACH PARTITION {name} {how}", {}, prepare=False
+                f"ALTER TABLE {self._of.table} DETACH PARTITION {name} {how}", {}, prepare=False
             )
         async with self._db.transaction() as tx:
-            await tx.conn.execute(text(MARK_DETACHED), {"name": name})
+            await tx.conn.execute(text(self._sql(MARK_DETACHED)), {"name": name})
 
     async def drop(self, name: str) -> bool:
-        """Re-home what a redrive woke in it since the export, take its rows out of the counts
-        and the ledger, and drop it: one transaction, with the state's change."""
-        name = _ident(name)
+        """Job partitions: re-home what a redrive woke in it since the export, take its rows
+        out of the counts and the ledger, and drop it; message partitions: drop it. One
+        transaction, with the state's change."""
+        name = _ident(name, self._of)
         async with self._db.transaction() as tx:
-            done = await tx.conn.execute(text(MARK_DROPPED), {"name": name})
+            done = await tx.conn.execute(text(self._sql(MARK_DROPPED)), {"name": name})
             if done.scalar_one_or_none() is None:
                 return False
             exists = await tx.conn.execute(text(EXISTS), {"name": name})
             if exists.scalar_one():
-                await tx.conn.execute(text(REHOME.format(name=name)))
-                await tx.conn.execute(text(COUNT_REMOVED.format(name=name, shards=COUNTER_SHARDS)))
-                await tx.conn.execute(text(UNCOUNT.format(name=name, shards=COUNTER_SHARDS)))
+                if self._of is JOBS:
+                    await tx.conn.execute(text(REHOME.format(name=name)))
+                    await tx.conn.execute(
+                        text(COUNT_REMOVED.format(name=name, shards=COUNTER_SHARDS))
+                    )
+                    await tx.conn.execute(text(UNCOUNT.format(name=name, shards=COUNTER_SHARDS)))
                 await tx.conn.execute(text(f"DROP TABLE {name}"))
         return True

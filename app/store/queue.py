@@ -151,13 +151,20 @@ WITH allowed AS (
     FROM channel JOIN producer ON producer.id = %(producer_id)s
     WHERE channel.id = %(channel_id)s AND channel.token = %(channel_token)s
       AND producer.token = %(producer_token)s
-), stored AS (
-    INSERT INTO message (channel_id, message_id, producer_id, payload, content_type, priority,
-                         headers, received_at, scheduled_for)
-    SELECT allowed.id, %(message_id)s, %(producer_id)s, %(payload)s, %(content_type)s,
-           %(priority)s, %(headers)s::json, now(), %(scheduled_for)s::timestamptz
-    FROM allowed
+), keyed AS (
+    -- The duplicate check, exact across the message table's partitions (message_key,
+    -- migration 0020): the key takes the message's pk, so a repeat writes no message.
+    INSERT INTO message_key (channel_id, message_id, message_pk)
+    SELECT allowed.id, %(message_id)s, nextval('message_pk_seq') FROM allowed
     ON CONFLICT (channel_id, message_id) DO NOTHING
+    RETURNING message_pk
+), stored AS (
+    INSERT INTO message (pk, channel_id, message_id, producer_id, payload, content_type,
+                         priority, headers, received_at, scheduled_for)
+    SELECT keyed.message_pk, allowed.id, %(message_id)s, %(producer_id)s, %(payload)s,
+           %(content_type)s, %(priority)s, %(headers)s::json, now(),
+           %(scheduled_for)s::timestamptz
+    FROM allowed, keyed
     RETURNING pk, received_at, scheduled_for
 ), fanned AS (
     INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,

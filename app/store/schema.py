@@ -208,8 +208,7 @@ message = Table(
     Column("received_at", Timestamp(), nullable=False),
     # A scheduled message's jobs fall due then (X-Broker-Scheduled-For); NULL: at once.
     Column("scheduled_for", Timestamp(), nullable=True),
-    # The per-channel message id is the producer's idempotency key.
-    UniqueConstraint("channel_id", "message_id"),
+    # The per-channel message id, the producer's idempotency key, is unique in message_key.
     Index("ix_message_channel_id_pk", "channel_id", "pk"),
     # Scheduled messages only (few): their listing and the SCHEDULED count.
     Index(
@@ -219,6 +218,23 @@ message = Table(
         postgresql_where=text("scheduled_for IS NOT NULL"),
         sqlite_where=text("scheduled_for IS NOT NULL"),
     ),
+    # PostgreSQL: ranges of pks, one [rdbms] partition-interval each, beside the job table's
+    # (migration 0020_message_partitions; app/store/partitions.py).
+    postgresql_partition_by="RANGE (pk)",
+)
+
+# The producer's message id per channel (migration 0020): the publish's duplicate check and the
+# way from a message id to its message. Apart from message, whose unique keys would have to
+# include its partition key: here it stays unique over every partition.
+message_key = Table(
+    "message_key",
+    metadata,
+    Column("channel_id", String(255), primary_key=True),
+    Column("message_id", String(255), primary_key=True),
+    Column(
+        "message_pk", BigInteger(), ForeignKey("message.pk", ondelete="CASCADE"), nullable=False
+    ),
+    Index("ix_message_key_message_pk", "message_pk"),
 )
 
 job = Table(
@@ -269,6 +285,20 @@ JOB_PARTITION_WITH = {"fillfactor": "50"}  # each partition's storage parameters
 # lower_id NULL: from the smallest id.
 job_partition = Table(
     "job_partition",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("lower_id", BigInteger(), nullable=True),
+    Column("upper_id", BigInteger(), nullable=False),
+    Column("opened_at", Timestamp(), nullable=True),
+    Column("closed_at", Timestamp(), nullable=True),
+    Column("status", String(16), nullable=False, server_default="ATTACHED"),
+    Column("exported_rows", BigInteger(), nullable=True),
+    Column("changed_at", Timestamp(), nullable=False),
+    CheckConstraint("status IN ('ATTACHED', 'EXPORTED', 'DETACHED', 'DROPPED')", name="status"),
+)
+# The message table's partitions, the same way (migration 0020).
+message_partition = Table(
+    "message_partition",
     metadata,
     Column("name", String(63), primary_key=True),
     Column("lower_id", BigInteger(), nullable=True),
