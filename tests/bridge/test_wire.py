@@ -20,19 +20,18 @@ from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 from app.bridge import protocol as p
 from app.runtime import Runtime
 from app.store.jobs import JobStore
-from tests.bridge.conftest import (
-    ACK_WAIT,
-    BridgeFactory,
-    arriving,
-    publish_http,
-    reference_consumer,
-    uncapped_only,
-)
+from tests.bridge.conftest import BridgeFactory, arriving, publish_http, uncapped_only
 from tests.helpers.jetstream import until_consumer
 from tests.helpers.natsproc import NatsServer
+from tests.helpers.side_by_side import (
+    Publish,
+    http_publisher,
+    on_jetstream,
+    reference,
+    with_msg_id,
+)
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.orders.workers"
-Publish = Callable[[list[str]], Awaitable[None]]
 
 
 def summarize(msg: Msg, *, pending_bytes: bool) -> tuple[Any, ...]:
@@ -166,31 +165,6 @@ async def wire_scenario(url: str, publish: Publish) -> dict[str, Any]:
     return out
 
 
-_reference: dict[str, dict[str, Any]] = {}
-
-
-async def jetstream_reference(server: NatsServer) -> dict[str, Any]:
-    if "wire" in _reference:
-        return _reference["wire"]
-    nc = await nats.connect(server.url)
-    js = nc.jetstream()
-    # One reference serves both variants of the broker's consumer: the scenario never has
-    # more than three jobs outstanding, so max_ack_pending (1000 here, no limit when
-    # uncapped) never binds, and it reads no consumer info.
-    await reference_consumer(nc, ack_wait=ACK_WAIT, max_ack_pending=1000)
-
-    async def publish(names: list[str]) -> None:
-        for name in names:
-            await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
-
-    try:
-        _reference["wire"] = await wire_scenario(server.url, publish)
-    finally:
-        await js.delete_stream("orders")
-        await nc.close()
-    return _reference["wire"]
-
-
 @pytest.mark.parametrize("mode", ["client", "hybrid"])
 async def test_wire_matches_jetstream(
     cap: str,
@@ -201,7 +175,12 @@ async def test_wire_matches_jetstream(
     client: httpx.AsyncClient,
     runtime: Runtime,
 ) -> None:
-    expected = await jetstream_reference(jetstream_server)
+    # One reference serves both variants of the broker's consumer: the scenario never has
+    # more than three jobs outstanding, so max_ack_pending (1000 here, no limit when
+    # uncapped) never binds, and it reads no consumer info.
+    expected = await reference(
+        jetstream_server, wire_scenario, max_ack_pending=1000, headers=with_msg_id
+    )
     # The reference is what the protocol document recorded; a scenario that observes nothing
     # cannot pass.
     assert expected["bad_json"] == [
@@ -219,7 +198,7 @@ async def test_wire_matches_jetstream(
     ]
     assert expected["round_robin_a"] == [("msg", "r1"), ("msg", "r3")]
     await make_bridge(mode)
-    actual = await wire_scenario(hub.url, lambda names: publish_http(client, names))
+    actual = await wire_scenario(hub.url, http_publisher(client))
     for key, value in expected.items():
         assert actual[key] == value, key
     assert actual.keys() == expected.keys()
@@ -261,16 +240,8 @@ async def api_errors(url: str) -> dict[str, Any]:
 async def test_api_errors_match_jetstream(
     jetstream_server: NatsServer, hub: NatsServer, make_bridge: BridgeFactory
 ) -> None:
-    nc = await nats.connect(jetstream_server.url)
-    js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream("orders")
-    await js.add_stream(name="orders", subjects=["orders"])
-    try:
-        expected = await api_errors(jetstream_server.url)
-    finally:
-        await js.delete_stream("orders")
-        await nc.close()
+    async with on_jetstream(jetstream_server, workers=False) as side:
+        expected = await api_errors(side.url)
     assert expected["info_unknown_consumer"][1] == {
         "code": 404,
         "err_code": 10014,
@@ -338,18 +309,11 @@ async def test_stream_info_is_shaped_as_jetstream(
 ) -> None:
     """`$JS.API.STREAM.INFO` (nats-jetstream's get_consumer asks it before CONSUMER.INFO): the
     channel as a stream of its own subject, its messages counted; errors as the server's."""
-    nc = await nats.connect(jetstream_server.url)
-    try:
-        await reference_consumer(nc, ack_wait=ACK_WAIT, max_ack_pending=-1)
-        js = nc.jetstream()
-        for name in ("a", "b"):
-            await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
-        expected = await stream_info(jetstream_server.url, "orders")
-        missing = await stream_info(jetstream_server.url, "nope")
-        garbage = await stream_info(jetstream_server.url, "orders", b"{x")
-    finally:
-        await js.delete_stream("orders")
-        await nc.close()
+    async with on_jetstream(jetstream_server, headers=with_msg_id) as side:
+        await side.publish(["a", "b"])
+        expected = await stream_info(side.url, "orders")
+        missing = await stream_info(side.url, "nope")
+        garbage = await stream_info(side.url, "orders", b"{x")
     await make_bridge(mode)
     await publish_http(client, ["a", "b"])
     actual = await stream_info(hub.url, "orders")
@@ -480,19 +444,12 @@ async def test_consumer_deleted_while_requests_wait(
     make_bridge: BridgeFactory,
     client: httpx.AsyncClient,
 ) -> None:
-    nc = await nats.connect(jetstream_server.url)
-    js = nc.jetstream()
-    with contextlib.suppress(NotFoundError):
-        await js.delete_stream("orders")
-    await js.add_stream(name="orders", subjects=["orders"])
-    await js.add_consumer("orders", durable_name="workers", ack_policy="explicit")
-    try:
+    async with on_jetstream(jetstream_server, workers=False) as side:
+        js = side.nc.jetstream()
+        await js.add_consumer("orders", durable_name="workers", ack_policy="explicit")
         expected = await deleted_while_waiting(
-            jetstream_server.url, lambda: js.delete_consumer("orders", "workers")
+            side.url, lambda: js.delete_consumer("orders", "workers")
         )
-    finally:
-        await js.delete_stream("orders")
-        await nc.close()
     assert expected == [("status", "409", "Consumer Deleted")]
 
     await make_bridge("hybrid")
