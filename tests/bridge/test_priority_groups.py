@@ -6,7 +6,6 @@ consumer info. Then the same scenarios as HTTP pulls."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable
@@ -29,11 +28,12 @@ from tests.bridge.conftest import (
     publish_http,
     uncapped_only,
 )
+from tests.helpers import side_by_side
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.pull import expire_leases
+from tests.helpers.side_by_side import Publish, http_publisher, with_msg_id
 from tests.helpers.waiting import eventually
 
-Publish = Callable[[list[str]], Awaitable[None]]
 MS = 1_000_000  # ns
 POLICIES = {"over": "overflow", "prio": "prioritized"}
 POLICY_OF: dict[str, str | None] = {"workers": None, **POLICIES}
@@ -194,29 +194,15 @@ async def on_jetstream(
     server: NatsServer, configs: list[dict[str, Any]], run: Scenario
 ) -> dict[str, Any]:
     """`run` against real JetStream: stream `orders` with these consumers, then removed."""
-    nc = await nats.connect(server.url)
-    js = nc.jetstream()
-    try:
-        with contextlib.suppress(Exception):
-            await js.delete_stream("orders")
-        await js.add_stream(name="orders", subjects=["orders"])
+    async with side_by_side.on_jetstream(server, workers=False, headers=with_msg_id) as side:
         for config in configs:
-            created = await nc.request(
+            created = await side.nc.request(
                 f"$JS.API.CONSUMER.CREATE.orders.{config['durable_name']}.orders",
                 json.dumps({"stream_name": "orders", "config": config}).encode(),
                 timeout=5,
             )
             assert "error" not in json.loads(created.data), created.data
-
-        async def publish(names: list[str]) -> None:
-            for name in names:
-                await js.publish("orders", name.encode(), headers={"Nats-Msg-Id": name})
-
-        return await run(server.url, publish)
-    finally:
-        with contextlib.suppress(Exception):
-            await js.delete_stream("orders")
-        await nc.close()
+        return await run(side.url, side.publish)
 
 
 _reference: dict[str, Any] = {}
@@ -266,7 +252,7 @@ async def test_priority_groups_match_jetstream(
     }
     await broker_consumers(client)
     await make_bridge(mode)
-    actual = await scenario(hub.url, lambda names: publish_http(client, names))
+    actual = await scenario(hub.url, http_publisher(client))
     for key, value in expected.items():
         assert actual[key] == value, key
     assert actual.keys() == expected.keys()
@@ -429,7 +415,7 @@ async def test_pinned_client_matches_jetstream(
     response = await client.put("/channel/orders/consumer/pin", data=form)
     assert response.status_code == 200, response.text
     await make_bridge(mode)
-    actual = await pinned_scenario(hub.url, lambda names: publish_http(client, names))
+    actual = await pinned_scenario(hub.url, http_publisher(client))
     for key, value in expected.items():
         assert actual[key] == value, key
 
