@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -26,15 +25,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from app.bridge import protocol as p
 from app.runtime import Runtime
-from tests.bridge.conftest import (
-    BridgeFactory,
-    publish_http,
-    reference_consumer,
-    seed,
-    uncapped_only,
-)
+from tests.bridge.conftest import BridgeFactory, seed, uncapped_only
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.pull import status_counts
+from tests.helpers.side_by_side import Publish, http_publisher, on_jetstream
 
 API = "$JS.API"
 # What comes back after garbage acks is told apart by time: a NAK'd job before the ack wait
@@ -44,7 +38,6 @@ API = "$JS.API"
 # load on the machine moved redeliveries across an edge.
 ACK_WAIT = 4
 NEXT = f"{API}.CONSUMER.MSG.NEXT.orders.workers"
-Publish = Callable[[list[str]], Awaitable[None]]
 Seen = list[tuple[Any, ...]]
 
 LONG_NAME = "x" * 1_000  # past VARCHAR(255); a subject stays under nats-server's 4 KB line
@@ -420,21 +413,11 @@ def extra_config(cap: str) -> str:
 
 
 async def jetstream_run(server: NatsServer) -> dict[str, Any]:
-    if "jetstream" in _runs:
-        return _runs["jetstream"]
-    nc = await nats.connect(server.url)
-    js = nc.jetstream()
-    await reference_consumer(nc, ack_wait=ACK_WAIT, max_ack_pending=-1)
-
-    async def publish(names: list[str]) -> None:
-        for name in names:
-            await js.publish("orders", name.encode())
-
-    try:
-        _runs["jetstream"] = await garbage_scenario(server.url, publish, p.DEFAULT_ACK_PREFIX)
-    finally:
-        await js.delete_stream("orders")
-        await nc.close()
+    if "jetstream" not in _runs:
+        async with on_jetstream(server, ack_wait=ACK_WAIT) as side:
+            _runs["jetstream"] = await garbage_scenario(
+                side.url, side.publish, p.DEFAULT_ACK_PREFIX
+            )
     return _runs["jetstream"]
 
 
@@ -446,11 +429,9 @@ async def bridge_run(
     client: httpx.AsyncClient,
 ) -> dict[str, Any]:
     bridge = await make_bridge(mode)
-
-    async def publish(names: list[str]) -> None:
-        await publish_http(client, names)
-
-    _runs[mode, backend] = await garbage_scenario(hub.url, publish, bridge.ack_prefix)
+    _runs[mode, backend] = await garbage_scenario(
+        hub.url, http_publisher(client), bridge.ack_prefix
+    )
     return _runs[mode, backend]
 
 
