@@ -207,6 +207,7 @@ class ConsumerRow:
     priority_policy: str
     pinned_id: str | None
     pinned_at: datetime | None
+    paused_until: datetime | None = None  # claims and pushes stop until then (a pause)
 
 
 DUE_CAP = 1000

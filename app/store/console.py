@@ -92,6 +92,7 @@ class ConsoleStore:
                 consumer.c.priority_policy,
                 consumer_group_state.c.pinned_id,
                 consumer_group_state.c.pinned_at,
+                consumer.c.paused_until,
             )
             .select_from(
                 consumer.outerjoin(push_state, push_state.c.consumer_pk == consumer.c.pk).outerjoin(
@@ -120,6 +121,7 @@ class ConsoleStore:
                 priority_policy=r.priority_policy,
                 pinned_id=r.pinned_id,
                 pinned_at=r.pinned_at,
+                paused_until=r.paused_until,
             )
             for r in rows
         ]

@@ -35,8 +35,9 @@ from app.domain.jobs import JobStatus
 from app.domain.pulls import ConsumerCredentials
 from app.domain.redrives import DEFAULT_PER_SECOND, MAX_PER_SECOND, RedriveRequest
 from app.services.console import ConsoleService
+from app.services.pausing import FOREVER
 from app.services.signals import Signals
-from app.ui.live import LiveFull, LiveOverview, Snapshot
+from app.ui.live import LiveFull, LiveOverview, Series, Snapshot
 from app.ui.sessions import (
     COOKIE,
     LIFETIME_SECONDS,
@@ -411,6 +412,21 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 86400:.0f}d"
 
 
+def pause_state(until: datetime | None, at: datetime) -> tuple[str, str] | None:
+    """How a consumer's pause reads at `at`: (the end as ISO text, or "" for until resumed;
+    the words after "paused"), or None when it is not paused then."""
+    if until is None or until <= at:
+        return None
+    if until >= FOREVER:
+        return "", "until resumed"
+    end = until.astimezone(UTC)
+    return end.isoformat(), f"until {end.strftime('%Y-%m-%d %H:%M:%S')} UTC"
+
+
+def _chart(series: Series | None) -> str:
+    return json.dumps([list(series.t), list(series.rate), list(series.depth)] if series else [])
+
+
 def render_rows(snapshot: Snapshot, can_act: bool) -> str:
     overview = snapshot.overview
     rows = []
@@ -425,9 +441,8 @@ def render_rows(snapshot: Snapshot, can_act: bool) -> str:
                 "oldest_due_age": _age(oldest),
                 "oldest_due_seconds": oldest or 0,
                 "rate": series.rate[-1] if series and series.rate else 0.0,
-                "chart": json.dumps(
-                    [list(series.t), list(series.rate), list(series.depth)] if series else []
-                ),
+                "chart": _chart(series),
+                "paused": pause_state(row.paused_until, overview.at),
                 "unaccounted": overview.unaccounted.get(key, 0),
             }
         )
@@ -520,8 +535,9 @@ async def jobs(request: Request, channel_id: str, consumer_id: str) -> Response:
         {
             "title": f"{channel_id} / {consumer_id}",
             "consumer": item,
-            "paused": item.paused_at(datetime.now(UTC)),
+            "paused": pause_state(item.paused_until, datetime.now(UTC)),
             "row": row,
+            "chart": _chart(snapshot.history.get((channel_id, consumer_id))) if row else "[]",
             "path": _consumer_path(channel_id, consumer_id),
             "filter": which,
             "query": query,

@@ -1,120 +1,33 @@
 """The console in a real browser (pytest-playwright, Debian's Chromium) against a live broker
 process on PostgreSQL, with real pull workers (the client library) in a thread of their own.
 
-Set WEBHOOK_BROKER_SCREENSHOTS=1 to write the docs' screenshots (docs/img/console-*.png)."""
+Set WEBHOOK_BROKER_SCREENSHOTS=1 to write the docs' screenshots (docs/img/console-*.png):
+the overview, the dead-letter list and a job page. The shared set-up is in conftest.py."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, TypeVar
+from datetime import UTC, datetime, timedelta
 
 import httpx
-import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
-from webhook_broker_client import Broker
+from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.conftest import fresh_database
-from tests.helpers.processes import BrokerProcess
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
-
-ADMIN = "console-admin-token"
-READER = "console-reader-token"
-TOKEN = "channel-token"
-DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
-WAIT_MS = 30_000
-CHANNELS = ("billing", "fulfil", "replay", "paused")
-
-T = TypeVar("T")
+from tests.ui.conftest import (
+    ADMIN,
+    READER,
+    WAIT_MS,
+    admin_http,
+    client,
+    kill_all,
+    publish,
+    run,
+    shot,
+    signed_in,
+)
 
 expect.set_options(timeout=WAIT_MS)
-
-
-def run(make: Callable[[], Awaitable[T]]) -> T:
-    """An async step in a thread of its own: Playwright's sync API keeps an event loop
-    running in this one."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """The module's own browser, not pytest-playwright's session one: Playwright's sync API
-    keeps an event loop running in this thread while it lives, and the async tests that run
-    after this module need the thread's loop back."""
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@pytest.fixture(scope="module")
-def broker(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    request.getfixturevalue("pg_template")
-    section = fresh_database("postgresql", request.getfixturevalue("pg_base_url"), None)
-    config = tmp_path_factory.mktemp("console") / "broker.cfg"
-    config.write_text(section + f"[http]\nadmin-token={ADMIN}\nreader-token={READER}\n")
-    process = BrokerProcess(config)
-    process.start()
-
-    auth = {"Authorization": f"Bearer {ADMIN}"}
-    with httpx.Client(base_url=process.url, headers=auth) as http:
-        assert http.put("/producer/web", data={"token": "web-token"}).status_code == 200
-        # A channel each, so that one test's messages are no other's jobs.
-        for name in CHANNELS:
-            assert http.put(f"/channel/{name}", data={"token": TOKEN}).status_code == 200
-            form = {"token": f"{name}-token", "type": "pull", "ackWait": "60"}
-            r = http.put(f"/channel/{name}/consumer/{name}", data=form)
-            assert r.status_code == 200, r.text
-    try:
-        yield process.url
-    finally:
-        process.stop()
-
-
-def _broker(url: str) -> Broker:
-    return Broker(
-        url,
-        admin_token=ADMIN,
-        producer_id="web",
-        producer_token="web-token",
-        channel_tokens={name: TOKEN for name in CHANNELS},
-    )
-
-
-def publish(url: str, channel: str, payloads: list[Any], prefix: str) -> None:
-    async def go() -> None:
-        async with _broker(url) as b:
-            for n, payload in enumerate(payloads):
-                await b.publish(channel, payload, message_id=f"{prefix}-{n}")
-
-    run(go)
-
-
-def kill_all(url: str, consumer: str, count: int, reason: str) -> None:
-    """A worker that fails every job it takes, for good (DEAD)."""
-
-    async def go() -> None:
-        async with _broker(url) as b:
-            worker = b.consumer(consumer, consumer, consumer_token=f"{consumer}-token")
-            left = count
-            while left:
-                for job in await worker.fetch(min(left, 50), expires=5):
-                    await job.term(reason)
-                    left -= 1
-
-    run(go)
 
 
 class SlowWorker:
@@ -128,7 +41,7 @@ class SlowWorker:
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _run(self) -> None:
-        async with _broker(self.url) as b:
+        async with client(self.url) as b:
             worker = b.consumer(
                 self.consumer, self.consumer, consumer_token=f"{self.consumer}-token"
             )
@@ -147,30 +60,7 @@ class SlowWorker:
         self.thread.join(timeout=30)
 
 
-def signed_in(browser: Browser, url: str, token: str) -> Page:
-    context = browser.new_context(base_url=url, viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    elsewhere: list[str] = []
-    page.on(
-        "request",
-        lambda r: elsewhere.append(r.url) if not r.url.startswith((url, "data:")) else None,
-    )
-    page.goto("/ui/")
-    page.fill("#token", token)
-    page.click("button[type=submit]")
-    expect(page.locator("h1")).to_have_text("Overview")
-    page.elsewhere = elsewhere  # type: ignore[attr-defined]
-    return page
-
-
-def shot(page: Page, name: str) -> None:
-    if os.environ.get("WEBHOOK_BROKER_SCREENSHOTS"):
-        DOCS_IMG.mkdir(exist_ok=True)
-        page.screenshot(path=str(DOCS_IMG / f"console-{name}.png"), full_page=True)
-
-
-def queued_cell(page: Page, consumer: str) -> Any:
+def queued_cell(page: Page, consumer: str) -> Locator:
     return page.locator(f'tr[data-key="{consumer}/{consumer}"] td[data-metric="queued"]')
 
 
@@ -188,7 +78,6 @@ def test_depth_falls_on_the_overview_while_a_worker_pulls(broker: str, browser: 
         assert worker.acked > 0
     assert page.evaluate("window.__notReloaded") is True
     assert page.elsewhere == []  # type: ignore[attr-defined]
-    shot(page, "overview")
 
 
 def test_a_dead_job_found_by_its_payload_inspected_requeued_and_delivered(
@@ -222,7 +111,7 @@ def test_a_dead_job_found_by_its_payload_inspected_requeued_and_delivered(
     job_url = page.url.split("?")[0]
 
     async def deliver() -> None:
-        async with _broker(broker) as b:
+        async with client(broker) as b:
             worker = b.consumer("fulfil", "fulfil", consumer_token="fulfil-token")
             job = await worker.next(expires=10)
             assert job is not None and job.message_id == "order-7"
@@ -294,7 +183,7 @@ def fetch_one(url: str, expires: float) -> str | None:
     """What one pull of the paused channel's worker gets within `expires` seconds."""
 
     async def go() -> str | None:
-        async with _broker(url) as b:
+        async with client(url) as b:
             worker = b.consumer("paused", "paused", consumer_token="paused-token")
             jobs = await worker.fetch(1, expires=expires)
             for job in jobs:
@@ -324,3 +213,42 @@ def test_a_consumer_paused_and_resumed_in_the_console(broker: str, browser: Brow
     audit = page.locator("table.audit")
     expect(audit).to_contain_text("pause")
     expect(audit).to_contain_text("resume")
+
+
+def test_the_overview_and_the_consumer_page_show_a_pause_and_its_end(
+    broker: str, browser: Browser
+) -> None:
+    page = signed_in(browser, broker, ADMIN)
+    state = page.locator('tr[data-key="held/held"] .paused')
+    expect(page.locator('tr[data-key="held/held"]')).to_be_visible()
+    expect(state).to_have_count(0)
+    until = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+    with admin_http(broker) as http:
+        r = http.put("/channel/held/consumer/held/pause", data={"until": until.isoformat()})
+        assert r.status_code == 200, r.text
+    # On the open page, by the live update: no reload.
+    words = f"until {until:%Y-%m-%d %H:%M:%S} UTC"
+    expect(state).to_have_text(f"paused {words}")
+    assert state.get_attribute("data-paused-until") == until.isoformat()
+    # The docs' overview: every test's consumers, one of them paused, charts drawn.
+    expect(page.locator('tr[data-key="billing/billing"] .spark canvas')).to_have_count(1)
+    shot(page, "overview")
+    page.click('a[href="/ui/c/held/held"]')
+    expect(page.locator("h1 #paused")).to_have_text("paused")
+    expect(page.locator("#pause-state")).to_contain_text(f"Paused {words}")
+    expect(page.locator("#pause-state time")).to_have_attribute("datetime", until.isoformat())
+    expect(page.locator("#resume")).to_be_visible()
+    with admin_http(broker) as http:
+        assert http.put("/channel/held/consumer/held/pause").status_code == 200
+    page.reload()
+    expect(page.locator("#pause-state")).to_contain_text("Paused until resumed")
+    expect(page.locator("#pause-state time")).to_have_count(0)
+    page.goto("/ui/")
+    expect(state).to_have_text("paused until resumed")
+    assert state.get_attribute("data-paused-until") == ""
+    with admin_http(broker) as http:
+        assert http.delete("/channel/held/consumer/held/pause").status_code == 200
+    expect(state).to_have_count(0)
+    page.goto("/ui/c/held/held")
+    expect(page.locator("#pause-state")).to_have_count(0)
+    expect(page.locator("#pause")).to_be_visible()
