@@ -11,8 +11,12 @@ import asyncio
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,6 +35,7 @@ from app.store.ledger import LedgerStore
 from app.store.migrate import alembic_config, upgrade
 from app.store.partitions import SPAN, PartitionStore
 from app.store.schema import message
+from devtools.pg import free_port
 from tests.helpers.pull import (
     consumer_pk,
     producer_headers,
@@ -895,3 +900,44 @@ async def test_a_crash_between_the_message_detach_and_drop_is_finished_next_roun
     report = await service.finish_messages()
     assert (report.detached, report.dropped) == ([], ["message_p0"])
     assert (await sql(runtime, "SELECT to_regclass('message_p0')"))[0][0] is None
+
+
+def _spawn_sweeper(config_file: Path) -> subprocess.Popen[bytes]:
+    with (config_file.parent / "sweeper.log").open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", "--config", str(config_file), "sweeper"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=config_file.parent,
+            env={**os.environ, "HOME": str(config_file.parent)},
+        )
+
+
+async def test_a_sweeper_process_serves_the_partition_states_on_its_metrics(
+    rdbms: str, runtime: Runtime, tmp_path: Path
+) -> None:
+    # The real `sweeper` process: its first round makes the partitions ahead, and its
+    # [metrics] listener serves the states it counted then.
+    port = free_port()
+    config_file = tmp_path / "sweeper.cfg"
+    config_file.write_text(rdbms + f"[metrics]\nlistener=127.0.0.1:{port}\n")
+    proc = _spawn_sweeper(config_file)
+    wanted = [
+        'webhook_broker_partitions{state="ATTACHED",table="job"} 2.0',
+        'webhook_broker_partitions{state="ATTACHED",table="message"} 2.0',
+        'webhook_broker_partitions{state="DROPPED",table="message"} 0.0',
+    ]
+
+    async def served() -> bool:
+        async with httpx.AsyncClient() as scraper:
+            try:
+                text = (await scraper.get(f"http://127.0.0.1:{port}/metrics")).text
+            except httpx.HTTPError:
+                return False
+        return all(line in text for line in wanted)
+
+    try:
+        await eventually(served, timeout=30, what="the sweeper's partition gauge")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
