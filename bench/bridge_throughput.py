@@ -20,9 +20,12 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
+from bench import db
+from bench.procs import cpu_seconds
 from devtools.pg import Cluster, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,17 +65,28 @@ async def wait_port(port: int, within: float = 15) -> None:
 
 async def drain(url: str, stream: str, durable: str, args: argparse.Namespace) -> float:
     """`args.workers` nats-py workers doing fetch(batch) + ack() until `args.jobs` messages are
-    acked; returns acked messages per second."""
+    acked; returns acked messages per second, from when every worker is bound to when the
+    last message is acked. Not to when the workers are back: a worker whose last fetch comes
+    after the backlog ran out waits for its expiry (1 s, on either server), which would be a
+    third of a bridge run and more than all of a JetStream run, by chance."""
     import nats
 
     done = 0
+    bound = 0
+    started = asyncio.Event()
     finished = asyncio.Event()
+    start = finish = 0.0
 
     async def one() -> None:
-        nonlocal done
+        nonlocal done, bound, start, finish
         nc = await nats.connect(url)
         try:
             psub = await nc.jetstream().pull_subscribe_bind(durable, stream=stream)
+            bound += 1
+            if bound == args.workers:
+                start = time.monotonic()
+                started.set()
+            await started.wait()
             while not finished.is_set():
                 try:
                     msgs = await psub.fetch(args.batch, timeout=1)
@@ -81,15 +95,15 @@ async def drain(url: str, stream: str, durable: str, args: argparse.Namespace) -
                 for msg in msgs:
                     await msg.ack()
                 done += len(msgs)
-                if done >= args.jobs:
+                if done >= args.jobs and not finished.is_set():
+                    finish = time.monotonic()
                     finished.set()
             await nc.flush()
         finally:
             await nc.close()
 
-    start = time.monotonic()
     await asyncio.wait_for(asyncio.gather(*(one() for _ in range(args.workers))), args.limit)
-    return done / (time.monotonic() - start)
+    return done / (finish - start)
 
 
 async def jetstream_rate(url: str, args: argparse.Namespace) -> float:
@@ -135,7 +149,7 @@ def load_backlog(dsn: str, jobs: int, payload: int) -> None:
 
 
 async def bridge_rate(
-    dsn: str, nats_url: str, leaf_url: str, root: Path, args: argparse.Namespace
+    dsn: str, nats_url: str, leaf_url: str, root: Path, postmaster: int, args: argparse.Namespace
 ) -> float:
     from app.config import load_config_text
     from app.runtime import Runtime
@@ -174,10 +188,37 @@ async def bridge_rate(
                 break
             await asyncio.sleep(0.1)
         await nc.close()
-        return await drain(nats_url, "bench", "workers", args)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            await db.statements_reset(conn)
+            # The bridge and the py-spy over it (when profiling), and every backend.
+            before = [cpu_seconds(pid, with_children=True) for pid in (process.pid, postmaster)]
+            rate = await drain(nats_url, "bench", "workers", args)
+            after = [cpu_seconds(pid, with_children=True) for pid in (process.pid, postmaster)]
+            if args.statements:
+                print_statements(await db.statements(conn, "bridge_bench"), args.jobs)
+        bridge_us, pg_us = ((b - a) / args.jobs * 1e6 for a, b in zip(before, after, strict=True))
+        print(f"CPU per message: bridge {bridge_us:.1f} us, PostgreSQL {pg_us:.1f} us")
+        return rate
     finally:
         process.send_signal(signal.SIGINT if args.profile else signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def print_statements(found: list[dict[str, Any]], messages: int) -> None:
+    """What the bridge asked of PostgreSQL for the drain: each statement's calls per 100
+    messages (each call one round trip; BEGIN and COMMIT count as statements), and how often
+    PostgreSQL planned it."""
+    per = 100 / messages
+    calls = sum(s["calls"] for s in found)
+    print(f"PostgreSQL statements during the drain: {calls * per:.1f} per 100 messages")
+    for s in sorted(found, key=lambda s: -s["calls"])[:15]:
+        print(
+            f"  {s['calls'] * per:7.2f}/100 msgs {s['mean_ms']:8.3f} ms"
+            f"  {s['rows'] / max(s['calls'], 1):6.1f} rows/call"
+            f"  planned {s['plans'] * per:5.2f}/100 msgs, {s['plan_ms'] * per:6.2f} ms/100 msgs"
+            f"  {s['query'][:60]} ... {s['query'][120:200]}"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -204,6 +245,7 @@ async def main(args: argparse.Namespace) -> None:
             f"nats://127.0.0.1:{hub_port}",
             f"nats-leaf://127.0.0.1:{leaf_port}",
             root,
+            int((cluster.data / "postmaster.pid").read_text().split()[0]),
             args,
         )
         print(
@@ -229,6 +271,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--payload", type=int, default=128)
     parser.add_argument("--profile", help="py-spy the bridge; collapsed stacks to this file")
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="print PostgreSQL's statements per 100 messages of the bridge drain",
+    )
     parser.add_argument("--limit", type=float, default=300.0, help="give up after (seconds)")
     return parser.parse_args(argv)
 
