@@ -89,8 +89,8 @@ class ClientOutbound:
         buffer, self._buffer = self._buffer, []
         if not self._nc.is_connected:
             return  # deliveries for requests that cannot be answered: the leases handle them
-        for command in buffer:
-            await self._nc._send_command(command)
+        # One command for the lot (nats-py's pending list took each delivery with an await).
+        await self._nc._send_command(b"".join(buffer))
         await self._nc._flush_pending()
 
 
