@@ -134,26 +134,31 @@ class AckProcessor:
             applicable = [a for a in acks if a.command.kind in _KINDS]
             unanswered: set[int] = set()
             for round_ in _rounds(applicable):
+                # Hundreds of acks a round: one pass over them after the statement, and the
+                # advisories looked at only when an applied ack asks for one.
                 items = [
                     AckItem(
                         a.token.job_id,
                         _KINDS[a.command.kind],
-                        attempt=a.token.delivered,
-                        delay=a.command.delay,
-                        reason=a.command.reason,
+                        a.token.delivered,
+                        a.command.delay,
+                        a.command.reason,
                     )
                     for a in round_
                 ]
                 result = await apply_acks(self._service, consumer, items)
-                self.applied += sum(1 for o in result.outcomes if o.result.applied)
-                await self._advise(round_, [o.result for o in result.outcomes], result.dead)
-                unanswered.update(
-                    id(ack)
-                    for ack, outcome in zip(round_, result.outcomes, strict=True)
-                    if outcome.result is AckResult.UNKNOWN_JOB
-                    and ack.command.kind in _SILENT_WHEN_UNKNOWN
-                )
-            self._reply_all([a for a in acks if id(a) not in unanswered])
+                results = [o.result for o in result.outcomes]
+                advised = False
+                for ack, outcome in zip(round_, results, strict=True):
+                    kind = ack.command.kind
+                    if outcome.applied:
+                        self.applied += 1
+                        advised = advised or kind in _ADVISED
+                    elif outcome is AckResult.UNKNOWN_JOB and kind in _SILENT_WHEN_UNKNOWN:
+                        unanswered.add(id(ack))
+                if advised:
+                    await self._advise(round_, results, result.dead)
+            self._reply_all([a for a in acks if id(a) not in unanswered] if unanswered else acks)
             for ack in acks:
                 if ack.command.kind is p.AckKind.NEXT and ack.reply:
                     self._engine.submit(consumer, ack.reply, ack.command.next_request)
