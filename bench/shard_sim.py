@@ -331,6 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-archive", action="store_true", help="leave the archive out")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if not args.results.is_file():
+        raise SystemExit(
+            f"no results file {args.results}: run `python -m bench` (bench/results/ is this"
+            " machine's, not in the repository) or name one with --results"
+        )
     results = json.loads(args.results.read_text(encoding="utf-8"))
     costs = costs_from(results, f"{args.results.name} (run started {results.get('started')})")
     archive = not args.no_archive

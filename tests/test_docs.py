@@ -18,22 +18,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from playwright.sync_api import Browser, Page, Request, sync_playwright
+from playwright.sync_api import Browser, Page, Request
 
 from app.config import SECTIONS
+from tests.helpers.browser import chromium
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 DEADLINE_MS = 15_000
 
 
@@ -73,14 +64,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def _open(browser: Browser, url: str, elsewhere: list[str]) -> Page:

@@ -10,11 +10,9 @@ writes never reach it (its own pg_stat_statements sees reads only); the console'
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 
 import httpx
 import psycopg
@@ -34,41 +32,21 @@ from app.domain.replica import (
 )
 from app.runtime import Runtime
 from app.services.reads import Reads
-from app.store.migrate import upgrade
-from devtools.pg import Cluster
 from tests.helpers.pull import CHANNEL, CHANNEL_TOKEN, publish, pull_jobs, setup_channel
+from tests.helpers.replica import Pair, fresh_database, primary_with_replica, rdbms_section
 from tests.helpers.waiting import eventually
 
 MAX_LAG = 2.0
-TEMPLATE = "wb_replica_template"
-_numbers = itertools.count()
-
-
-@dataclass
-class Pair:
-    primary: Cluster
-    replica: Cluster
 
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
-    primary = Cluster(shared_buffers="64MB", statements=True)
-    primary.start()
-    replica: Cluster | None = None
-    try:
-        with psycopg.connect(primary.base_url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {TEMPLATE}")
-        with psycopg.connect(primary.url(TEMPLATE), autocommit=True) as conn:
-            # Copied into each test's database and replicated: the replica's own counts.
-            conn.execute("CREATE EXTENSION pg_stat_statements")
-        rdbms = f"[rdbms]\ndialect=postgresql\nconnection-url={primary.url(TEMPLATE)}\n"
-        upgrade(load_config_text(rdbms).database)
-        replica = primary.standby()
-        yield Pair(primary, replica)
-    finally:
-        if replica is not None:
-            replica.stop()
-        primary.stop()
+    def statements(conn: psycopg.Connection) -> None:
+        # Copied into each test's database and replicated: the replica's own counts.
+        conn.execute("CREATE EXTENSION pg_stat_statements")
+
+    with primary_with_replica("wb_replica_template", statements=True, prepare=statements) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -78,22 +56,13 @@ def backend() -> str:
 
 @pytest.fixture
 def database(pair: Pair) -> Iterator[str]:
-    name = f"wb_replica_{next(_numbers)}"
-    with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    yield name
-    with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with fresh_database(pair, "wb_replica") as name:
+        yield name
 
 
 @pytest.fixture
 def rdbms(pair: Pair, database: str) -> str:
-    return (
-        "[rdbms]\ndialect=postgresql\n"
-        f"connection-url={pair.primary.url(database)}\n"
-        f"replica-url={pair.replica.url(database)}\n"
-        f"replica-max-lag={MAX_LAG}s\n"
-    )
+    return rdbms_section(pair.primary.url(database), pair.replica.url(database), MAX_LAG)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,11 +144,24 @@ def test_n_primaries_with_equal_channels_scale_close_to_n() -> None:
     assert skewed[0].scaling <= 1 / skewed[0].top_channel_share + 1e-9
 
 
-def test_the_command_reads_the_newest_full_run(capsys: pytest.CaptureFixture[str]) -> None:
-    assert shard_sim.main(["--json", "--trials", "3", "--primaries", "1,2"]) == 0
+def test_the_command_reads_a_results_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # bench/results/ is not in the repository: a clean clone has no run to read.
+    results = tmp_path / "run.json"
+    results.write_text(json.dumps(_results()), encoding="utf-8")
+    argv = ["--results", str(results), "--json", "--trials", "3", "--primaries", "1,2"]
+    assert shard_sim.main(argv) == 0
     document = json.loads(capsys.readouterr().out)
     assert [o["primaries"] for o in document["outcomes"]] == [1, 2]
     assert document["costs"]["cores"] == 2
     assert document["capacity_one_primary"] == pytest.approx(
         document["outcomes"][0]["sustained_jobs_per_s"]
     )
+
+
+def test_without_a_results_file_the_command_says_how_to_make_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit, match="python -m bench"):
+        shard_sim.main(["--results", str(tmp_path / "none.json")])

@@ -280,36 +280,28 @@ job = Table(
 )
 JOB_PARTITION_WITH = {"fillfactor": "50"}  # each partition's storage parameters
 
-# The job table's partitions and where each is in its retention (migration 0018; PostgreSQL
-# only, empty on SQLite): ATTACHED -> EXPORTED (archived and read back) -> DETACHED -> DROPPED.
-# lower_id NULL: from the smallest id.
-job_partition = Table(
-    "job_partition",
-    metadata,
-    Column("name", String(63), primary_key=True),
-    Column("lower_id", BigInteger(), nullable=True),
-    Column("upper_id", BigInteger(), nullable=False),
-    Column("opened_at", Timestamp(), nullable=True),
-    Column("closed_at", Timestamp(), nullable=True),
-    Column("status", String(16), nullable=False, server_default="ATTACHED"),
-    Column("exported_rows", BigInteger(), nullable=True),
-    Column("changed_at", Timestamp(), nullable=False),
-    CheckConstraint("status IN ('ATTACHED', 'EXPORTED', 'DETACHED', 'DROPPED')", name="status"),
-)
-# The message table's partitions, the same way (migration 0020).
-message_partition = Table(
-    "message_partition",
-    metadata,
-    Column("name", String(63), primary_key=True),
-    Column("lower_id", BigInteger(), nullable=True),
-    Column("upper_id", BigInteger(), nullable=False),
-    Column("opened_at", Timestamp(), nullable=True),
-    Column("closed_at", Timestamp(), nullable=True),
-    Column("status", String(16), nullable=False, server_default="ATTACHED"),
-    Column("exported_rows", BigInteger(), nullable=True),
-    Column("changed_at", Timestamp(), nullable=False),
-    CheckConstraint("status IN ('ATTACHED', 'EXPORTED', 'DETACHED', 'DROPPED')", name="status"),
-)
+
+def _partition_states(name: str) -> Table:
+    """A partitioned table's partitions and where each is in its retention (PostgreSQL only,
+    empty on SQLite): ATTACHED -> EXPORTED (archived and read back) -> DETACHED -> DROPPED.
+    lower_id NULL: from the smallest id."""
+    return Table(
+        name,
+        metadata,
+        Column("name", String(63), primary_key=True),
+        Column("lower_id", BigInteger(), nullable=True),
+        Column("upper_id", BigInteger(), nullable=False),
+        Column("opened_at", Timestamp(), nullable=True),
+        Column("closed_at", Timestamp(), nullable=True),
+        Column("status", String(16), nullable=False, server_default="ATTACHED"),
+        Column("exported_rows", BigInteger(), nullable=True),
+        Column("changed_at", Timestamp(), nullable=False),
+        CheckConstraint("status IN ('ATTACHED', 'EXPORTED', 'DETACHED', 'DROPPED')", name="status"),
+    )
+
+
+job_partition = _partition_states("job_partition")  # migration 0018
+message_partition = _partition_states("message_partition")  # migration 0020
 
 # Jobs per (consumer, status): +1 / -1 added by triggers on job in the statement that inserts,
 # moves or deletes a job (migration 0006_job_counts, where the why is), summed over `shard`.

@@ -10,11 +10,9 @@ the report to the primary, as the API's reads do."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,63 +20,32 @@ import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
-from app.config import Config, load_config_text
+from app.config import Config
 from app.domain.replica import ReadFrom
 from app.pipeline.job import run
-from app.store.migrate import upgrade
-from devtools.pg import Cluster
+from tests.helpers.replica import Pair, fresh_database, primary_with_replica, rdbms_section
 from tests.helpers.waiting import eventually_sync
 from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
 
 MAX_LAG = 2.0
-TEMPLATE = "wb_report_replica_template"
-_numbers = itertools.count()
-
-
-@dataclass
-class Pair:
-    primary: Cluster
-    replica: Cluster
 
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
-    primary = Cluster(shared_buffers="64MB", statements=False)
-    primary.start()
-    replica: Cluster | None = None
-    try:
-        with psycopg.connect(primary.base_url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {TEMPLATE}")
-        upgrade(load_config_text(_rdbms(primary.url(TEMPLATE))).database)
-        replica = primary.standby()
-        yield Pair(primary, replica)
-    finally:
-        if replica is not None:
-            replica.stop()
-        primary.stop()
-
-
-def _rdbms(url: str, replica_url: str = "") -> str:
-    section = f"[rdbms]\ndialect=postgresql\nconnection-url={url}\n"
-    if replica_url:
-        section += f"replica-url={replica_url}\nreplica-max-lag={MAX_LAG}s\n"
-    return section
+    with primary_with_replica("wb_report_replica_template") as pair:
+        yield pair
 
 
 @pytest.fixture
 def database(pair: Pair) -> Iterator[str]:
-    name = f"wb_report_replica_{next(_numbers)}"
-    with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
-    yield name
-    with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with fresh_database(pair, "wb_report_replica") as name:
+        yield name
 
 
 @pytest.fixture
 def config(pair: Pair, database: str, tmp_path: Path) -> Config:
-    rdbms = _rdbms(pair.primary.url(database), pair.replica.url(database))
+    rdbms = rdbms_section(pair.primary.url(database), pair.replica.url(database), MAX_LAG)
     return pipeline_config(rdbms, tmp_path)
 
 

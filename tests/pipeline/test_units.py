@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from playwright.sync_api import Browser, Route, sync_playwright
+from playwright.sync_api import Browser, Route
 
 from app.config import ConfigError, load_config_text
 from app.pipeline.charts import bar_chart, chart_html, line_chart
 from app.pipeline.db import jdbc_target
 from app.pipeline.htmlreport import render
-from tests.ui.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.helpers.browser import chromium
 
 
 def test_pipeline_config_defaults_and_validation() -> None:
@@ -93,15 +93,9 @@ def test_page_draws_its_charts_offline_in_light_and_dark(tmp_path: Path) -> None
     scheme, the first series in its scheme's colour."""
     page_file = tmp_path / "report.html"
     page_file.write_text(render(_report()), encoding="utf-8")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            schemes: tuple[Scheme, ...] = ("light", "dark")
-            seen: dict[str, dict[str, Any]] = {s: _drawn(browser, page_file, s) for s in schemes}
-        finally:
-            browser.close()
+    with chromium() as browser:
+        schemes: tuple[Scheme, ...] = ("light", "dark")
+        seen: dict[str, dict[str, Any]] = {s: _drawn(browser, page_file, s) for s in schemes}
     assert _luma(seen["light"]["background"]) > 200 and _luma(seen["dark"]["background"]) < 50
     for scheme, other in (("light", "dark"), ("dark", "light")):
         counts = dict(zip(_INK, seen[scheme]["counts"], strict=True))

@@ -17,22 +17,12 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
+from playwright.sync_api import Browser, Page, ViewportSize, expect
 from webhook_broker_client import Broker
 
 from tests.conftest import fresh_database
+from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS, chromium
 from tests.helpers.processes import BrokerProcess
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 
 ADMIN = "console-admin-token"
 READER = "console-reader-token"
@@ -64,14 +54,8 @@ def browser() -> Iterator[Browser]:
     """The module's own browser, not pytest-playwright's session one: Playwright's sync API
     keeps an event loop running in this thread while it lives, and the async tests that run
     after the module need the thread's loop back."""
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture(scope="module")

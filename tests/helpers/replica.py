@@ -1,0 +1,74 @@
+"""A primary of a test module's own with a real streaming replica (pg_basebackup), and a fresh
+database a test, copied from a migrated template on the primary: so that pausing the
+replica's replay or stopping it touches no other test's database."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+
+from app.config import load_config_text
+from app.store.migrate import upgrade
+from devtools.pg import Cluster
+
+_numbers = itertools.count()
+
+
+@dataclass
+class Pair:
+    primary: Cluster
+    replica: Cluster
+    template: str
+
+
+def rdbms_section(url: str, replica_url: str = "", max_lag: float | None = None) -> str:
+    """The [rdbms] section for a database on the primary, read from the replica if given."""
+    section = f"[rdbms]\ndialect=postgresql\nconnection-url={url}\n"
+    if replica_url:
+        section += f"replica-url={replica_url}\n"
+    if max_lag is not None:
+        section += f"replica-max-lag={max_lag}s\n"
+    return section
+
+
+@contextmanager
+def primary_with_replica(
+    template: str,
+    *,
+    statements: bool = False,
+    prepare: Callable[[psycopg.Connection], None] | None = None,
+) -> Iterator[Pair]:
+    """`prepare` runs on the template before it is migrated (what every copy should hold)."""
+    primary = Cluster(shared_buffers="64MB", statements=statements)
+    primary.start()
+    replica: Cluster | None = None
+    try:
+        with psycopg.connect(primary.base_url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {template}")
+        if prepare is not None:
+            with psycopg.connect(primary.url(template), autocommit=True) as conn:
+                prepare(conn)
+        upgrade(load_config_text(rdbms_section(primary.url(template))).database)
+        replica = primary.standby()
+        yield Pair(primary, replica, template)
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+@contextmanager
+def fresh_database(pair: Pair, prefix: str) -> Iterator[str]:
+    """A copy of the template on the primary (and so, once replayed, on the replica)."""
+    name = f"{prefix}_{next(_numbers)}"
+    with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {pair.template}")
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
