@@ -79,15 +79,16 @@ async def drain(url: str, stream: str, durable: str, args: argparse.Namespace) -
     started = asyncio.Event()
     finished = asyncio.Event()
     start = finish = 0.0
+    cpu_start = cpu_finish = 0.0
 
     async def one() -> None:
-        nonlocal done, bound, start, finish
+        nonlocal done, bound, start, finish, cpu_start, cpu_finish
         nc = await nats.connect(url)
         try:
             psub = await nc.jetstream().pull_subscribe_bind(durable, stream=stream)
             bound += 1
             if bound == args.workers:
-                start = time.monotonic()
+                start, cpu_start = time.monotonic(), time.process_time()
                 started.set()
             await started.wait()
             while not finished.is_set():
@@ -99,13 +100,16 @@ async def drain(url: str, stream: str, durable: str, args: argparse.Namespace) -
                     await msg.ack()
                 done += len(msgs)
                 if done >= args.jobs and not finished.is_set():
-                    finish = time.monotonic()
+                    finish, cpu_finish = time.monotonic(), time.process_time()
                     finished.set()
             await nc.flush()
         finally:
             await nc.close()
 
     await asyncio.wait_for(asyncio.gather(*(one() for _ in range(args.workers))), args.limit)
+    # The workers' own CPU (this process): what the deliveries cost the client to read.
+    client_us = (cpu_finish - cpu_start) / done * 1e6
+    print(f"  [{url}] client CPU per message: {client_us:.1f} us")
     return done / (finish - start)
 
 
