@@ -73,6 +73,10 @@ def console_cost(
     return ConsoleCost(reads["overview"], reads["ledger"], seconds)
 
 
+# How many times pg_stat_statements has evicted entries: an evicted console read comes back
+# with its calls counted from zero, so a window in which this grew counts nothing reliably.
+DEALLOC_SQL = "SELECT dealloc FROM pg_stat_statements_info"
+
 STATEMENTS_SQL = (
     "SELECT queryid, query, calls FROM pg_stat_statements"
     " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
@@ -140,12 +144,17 @@ class ConsolePages(Background):
         return min(p.updates for p in self.pages)
 
     async def updates(self, n: int, within: float) -> float:
-        """Wait until every page has received `n` more updates than now; returns the seconds
-        that took (the pages' window, measured by events rather than a clock set up front)."""
+        """Wait until every page has received `n` updates past the furthest page's count now;
+        returns the seconds that took (the pages' window, measured by events rather than a
+        clock set up front).
+
+        Counted from the furthest page, not from each page's own count: a page that has not
+        yet read the newest update (a busy loop reads 20 streams) would otherwise count it,
+        and the updates before it, inside a window whose reads happened before it opened."""
         start = time.monotonic()
-        goal = [p.updates + n for p in self.pages]
+        goal = max(p.updates for p in self.pages) + n
         async with asyncio.timeout(within):
-            while any(p.updates < g for p, g in zip(self.pages, goal, strict=True)):
+            while any(p.updates < goal for p in self.pages):
                 if self.failed():
                     raise RuntimeError("console pages failed: " + "; ".join(self.failed()))
                 await asyncio.sleep(0.05)

@@ -90,6 +90,9 @@ class Cluster:
                 "shared_preload_libraries": "pg_stat_statements",
                 "pg_stat_statements.track_utility": "on",
                 "pg_stat_statements.track_planning": "on",
+                # Room for every text a bench or load test runs (the default 5,000 evicts the
+                # least-called entries, the console's reads among them, and restarts their counts).
+                "pg_stat_statements.max": "20000",
             }
         if not self.durable:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}

@@ -36,7 +36,13 @@ from app.store.ledger import LedgerStore
 from app.store.migrate import upgrade
 from bench.__main__ import SCENARIOS, parse_args
 from bench.report import console_target
-from devtools.console_pages import STATEMENTS_SQL, ConsolePages, console_cost, console_statement
+from devtools.console_pages import (
+    DEALLOC_SQL,
+    STATEMENTS_SQL,
+    ConsolePages,
+    console_cost,
+    console_statement,
+)
 from devtools.pg import Cluster
 from devtools.tasks import Background
 from tests.helpers.processes import BrokerProcess
@@ -147,6 +153,12 @@ async def _statements(db: psycopg.AsyncConnection[Any]) -> dict[int, tuple[str, 
     return {int(queryid): (str(query), int(calls)) for queryid, query, calls in rows}
 
 
+async def _evictions(db: psycopg.AsyncConnection[Any]) -> int:
+    row = await (await db.execute(DEALLOC_SQL)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 @pytest.mark.timeout(600)
 async def test_twenty_open_pages_cost_the_database_fewer_than_5_statements_a_second(
     broker: str, database: str
@@ -165,11 +177,13 @@ async def test_twenty_open_pages_cost_the_database_fewer_than_5_statements_a_sec
         await pages.updates(1, within=60)
 
         acked_before = load.acked
+        evicted = await _evictions(db)
         before = await _statements(db)
         started = time.monotonic()
         await pages.updates(WINDOW_UPDATES, within=120)
         after = await _statements(db)
         seconds = time.monotonic() - started
+        evicted = await _evictions(db) - evicted
         load.check()
         acked = load.acked - acked_before
 
@@ -181,6 +195,7 @@ async def test_twenty_open_pages_cost_the_database_fewer_than_5_statements_a_sec
         f" included); the database ran {everything / seconds:,.0f} statements/s in all while"
         f" {acked / seconds:,.0f} jobs/s were acked"
     )
+    assert evicted == 0, f"pg_stat_statements evicted entries {evicted} times in the window"
     assert acked > 0, seen  # delivering inside the window, not only before it
     # One read per update for every open page together, never one per page: the window's
     # WINDOW_UPDATES updates (one read may fall on either side of its edges).
