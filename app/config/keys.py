@@ -160,6 +160,13 @@ def _postgres_url(raw: str) -> str:
     return raw
 
 
+def _niceness(raw: str) -> int:
+    value = _integer(raw)
+    if not 0 <= value <= 19:
+        raise ValueError("must be between 0 and 19")
+    return value
+
+
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -309,7 +316,9 @@ SECTIONS: tuple[Section, ...] = (
                 "postgresql:// URL: status, lists, message reads, the console and the "
                 "pipeline's report read from it while it is within replica-max-lag (the "
                 "response header X-Broker-Read-From, the report's read_from, says which "
-                "answered). Empty, or with sqlite: everything reads the primary.",
+                "answered); the archive's exports read it once it has replayed past the "
+                "primary ([pipeline] replica-wait). Empty, or with sqlite: everything reads "
+                "the primary.",
                 secret=True,  # it may hold a password
             ),
             Key(
@@ -894,6 +903,23 @@ SECTIONS: tuple[Section, ...] = (
                 "local[*] when run directly.",
             ),
             Key("shuffle-partitions", "8", _positive_int, "spark.sql.shuffle.partitions."),
+            Key(
+                "niceness",
+                "0",
+                _niceness,
+                "The pipeline process's nice value (0..19), set at its start; the Spark JVM, "
+                "its child, inherits it. 19: the archive takes only CPU the broker leaves "
+                "idle (docs/operations/storage.md).",
+            ),
+            Key(
+                "replica-wait",
+                "60s",
+                _duration,
+                "With [rdbms] replica-url: how long the archive waits for the replica to "
+                "replay past the primary's position before reading a batch or partition from "
+                "it (30s, 2m); beyond it, or with the replica down, it reads the primary.",
+                attr="replica_wait_seconds",
+            ),
         ),
         help="The Spark archive and report jobs (webhook-broker pipeline); see docs/pipeline.md.",
     ),

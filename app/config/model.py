@@ -178,6 +178,8 @@ class PipelineConfig:
     jdbc_jar: str = default("pipeline", "jdbc-jar")
     master: str = default("pipeline", "master")  # empty: spark-submit's master, else local[*]
     shuffle_partitions: int = default("pipeline", "shuffle-partitions")
+    niceness: int = default("pipeline", "niceness")
+    replica_wait_seconds: float = default("pipeline", "replica-wait")
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 from app.config import PipelineConfig
 from app.pipeline.db import JdbcTarget
 from app.pipeline.progress import Progress
+from app.pipeline.replica import ExportReads
 from app.pipeline.schemas import ARCHIVED_JOB, ARCHIVED_MESSAGE, PARTITIONS, conform
 from app.pipeline.spark import ArchiveFs
 from app.pipeline.state import EXPORTED, PLANNED, Batch, BatchStore
@@ -78,6 +79,7 @@ class ArchiveSummary:
     messages: int = 0
     jobs: int = 0
     kept: int = 0
+    read_from: dict[str, int] = field(default_factory=dict)  # exports by database read
     steps: dict[str, StepStats] = field(
         default_factory=lambda: {s: StepStats() for s in ("plan", "export", "delete", "finalize")}
     )
@@ -90,6 +92,7 @@ class ArchiveSummary:
             "archived_jobs": self.jobs,
             "kept_messages": self.kept,
             "steps": {name: stats.as_dict() for name, stats in self.steps.items()},
+            **({"read_from": self.read_from} if self.read_from else {}),
         }
 
 
@@ -113,14 +116,16 @@ class Archiver:
         self,
         spark: SparkSession,
         config: PipelineConfig,
-        jdbc: JdbcTarget,
+        reads: ExportReads,
+        conn: psycopg.Connection[Any],
         store: BatchStore,
         progress: Progress,
         hook: StepHook | None = None,
     ) -> None:
         self._spark = spark
         self._config = config
-        self._jdbc = jdbc
+        self._reads = reads
+        self._conn = conn  # the primary's: the position the replica must reach is read on it
         self._store = store
         self._progress = progress
         self._hook = hook or (lambda step, batch: None)
@@ -129,6 +134,7 @@ class Archiver:
         self.summary = ArchiveSummary()
 
     def run(self) -> ArchiveSummary:
+        before = self._reads.read_from.copy()  # the run's other archiver counts there too
         for left in self._store.unfinished():
             self._progress.line(f"batch {left.id}: resuming from {left.status}")
             self.summary.resumed += 1
@@ -149,6 +155,7 @@ class Archiver:
             self._advance(batch)
             after = batch.last_message_pk
             planned += 1
+        self.summary.read_from = dict(self._reads.read_from - before)
         return self.summary
 
     def _advance(self, batch: Batch) -> None:
@@ -170,13 +177,22 @@ class Archiver:
 
     def _export(self, batch: Batch) -> None:
         started = time.monotonic()
-        expected = self._store.recount(batch.id)
+
+        def export(jdbc: JdbcTarget) -> tuple[int, ...]:
+            return tuple(self._export_table(jdbc, batch, *table) for table in _TABLES)
+
         for _ in range(2):
-            counts = tuple(self._export_table(batch, *table) for table in _TABLES)
+            # Counted on the primary, then read where ExportReads says: a replica only once it
+            # holds what the primary held at the count. A batch's rows are not immutable (a
+            # dead job requeued), but the delete re-checks each message's fingerprint on the
+            # primary, later than any read, and keeps a message whose jobs changed since the
+            # plan (finalize drops it from the files): what it deletes was read as planned,
+            # on either database.
+            expected = self._store.recount(batch.id)
+            counts = self._reads.run(self._conn, f"batch {batch.id}", export)
             if counts == expected:
                 break
             # A row changed between the count and the read (a job deleted meanwhile): again.
-            expected = self._store.recount(batch.id)
         else:
             raise ExportMismatch(
                 f"batch {batch.id}: Parquet holds {counts[0]} messages and {counts[1]} jobs,"
@@ -190,14 +206,21 @@ class Archiver:
         )
 
     def _export_table(
-        self, batch: Batch, table: str, sql: str, key: str, schema: StructType, day: str
+        self,
+        jdbc: JdbcTarget,
+        batch: Batch,
+        table: str,
+        sql: str,
+        key: str,
+        schema: StructType,
+        day: str,
     ) -> int:
         partitions = max(
             1, min(self._config.jdbc_partitions, batch.message_count // _ROWS_PER_JDBC_PARTITION)
         )
         source = (
             self._spark.read.format("jdbc")
-            .options(**self._jdbc.options(self._config.jdbc_fetch_size))
+            .options(**jdbc.options(self._config.jdbc_fetch_size))
             .option("dbtable", sql.format(batch_id=int(batch.id)))
             .option("partitionColumn", key)
             .option("lowerBound", str(batch.first_message_pk))

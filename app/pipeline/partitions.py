@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -22,6 +23,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from app.config import PipelineConfig
 from app.pipeline.db import JdbcTarget
 from app.pipeline.progress import Progress
+from app.pipeline.replica import ExportReads
 from app.pipeline.schemas import ARCHIVED_JOB, PARTITIONS, conform
 from app.pipeline.spark import ArchiveFs
 from app.pipeline.transforms import with_day
@@ -92,9 +94,14 @@ class PartitionSummary:
     exported: list[str] = field(default_factory=list)
     jobs: int = 0
     skipped: list[str] = field(default_factory=list)  # unfinished jobs left in them
+    read_from: dict[str, int] = field(default_factory=dict)  # exports by database read
 
     def as_dict(self) -> dict[str, Any]:
-        return {"exported": self.exported, "jobs": self.jobs, "waiting": self.skipped}
+        out: dict[str, Any] = {"exported": self.exported, "jobs": self.jobs}
+        out["waiting"] = self.skipped
+        if self.read_from:
+            out["read_from"] = self.read_from
+        return out
 
 
 class PartitionArchiver:
@@ -102,20 +109,21 @@ class PartitionArchiver:
         self,
         spark: SparkSession,
         config: PipelineConfig,
-        jdbc: JdbcTarget,
+        reads: ExportReads,
         conn: psycopg.Connection[Any],
         progress: Progress,
         hook: PartitionHook | None = None,
     ) -> None:
         self._spark = spark
         self._config = config
-        self._jdbc = jdbc
+        self._reads = reads
         self._conn = conn
         self._progress = progress
         self._hook = hook or (lambda step, name: None)
         self.summary = PartitionSummary()
 
     def run(self) -> PartitionSummary:
+        before = self._reads.read_from.copy()  # the run's other archiver counts there too
         for name in self._candidates():
             rows = self._finished_rows(name)
             if rows is None:
@@ -124,6 +132,7 @@ class PartitionArchiver:
                 self._progress.line(f"partition {name}: unfinished jobs left, later")
                 continue
             self._export(name, rows)
+        self.summary.read_from = dict(self._reads.read_from - before)
         return self.summary
 
     def _candidates(self) -> list[str]:
@@ -146,6 +155,26 @@ class PartitionArchiver:
         assert row is not None
         return (int(row[0]), int(row[1])) if row[0] is not None else (0, 0)
 
+    def _export_once(
+        self, name: str, ids: tuple[int, int], partitions: int, target: str, jdbc: JdbcTarget
+    ) -> int:
+        """The partition's jobs read from `jdbc`, written and read back: rows in the files."""
+        source = (
+            self._spark.read.format("jdbc")
+            .options(**jdbc.options(self._config.jdbc_fetch_size))
+            .option("dbtable", _JOB_SQL.format(name=name))
+            .option("partitionColumn", "id")
+            .option("lowerBound", str(ids[0]))
+            .option("upperBound", str(ids[1] + 1))
+            .option("numPartitions", str(partitions))
+            .load()
+        )
+        # Overwrite: a repeated export replaces exactly this partition's directory.
+        with_day(conform(source, ARCHIVED_JOB), "created_at").write.mode("overwrite").partitionBy(
+            "dt"
+        ).parquet(target)
+        return int(read_partition_files(self._spark, target).count())
+
     def _export(self, name: str, expected: int) -> None:
         started = time.monotonic()
         target = partition_dir(self._config.archive_root, name)
@@ -154,21 +183,11 @@ class PartitionArchiver:
             partitions = max(
                 1, min(self._config.jdbc_partitions, expected // _ROWS_PER_JDBC_PARTITION)
             )
-            source = (
-                self._spark.read.format("jdbc")
-                .options(**self._jdbc.options(self._config.jdbc_fetch_size))
-                .option("dbtable", _JOB_SQL.format(name=name))
-                .option("partitionColumn", "id")
-                .option("lowerBound", str(low))
-                .option("upperBound", str(high + 1))
-                .option("numPartitions", str(partitions))
-                .load()
-            )
-            # Overwrite: a repeated export replaces exactly this partition's directory.
-            with_day(conform(source, ARCHIVED_JOB), "created_at").write.mode(
-                "overwrite"
-            ).partitionBy("dt").parquet(target)
-            got = int(read_partition_files(self._spark, target).count())
+            # Every job delivered and counted just now: the broker writes none of them again
+            # (a consumer's deletion may remove some, which the count after catches), so a
+            # replica past this moment holds the partition as the primary does.
+            export = partial(self._export_once, name, (low, high), partitions, target)
+            got = self._reads.run(self._conn, f"partition {name}", export)
             if got == expected:
                 break
             # A consumer deleted meanwhile took its jobs along: count again, export again.

@@ -1,0 +1,267 @@
+"""The archive's exports read from the replica ([rdbms] replica-url, issue 42), against a real
+streaming replica made by pg_basebackup from a primary of this module's own.
+
+What is shown: a closed partition's export and a row batch's export run on the replica (its
+pg_stat_statements has their statements, the primary's has none), once the replica has replayed
+past the primary's position taken after the rows were settled: a replica behind is waited for
+(and the export then holds the rows as the primary has them), one that stays behind past
+[pipeline] replica-wait or is down leaves the export to the primary, the run saying so. The
+marks and deletes stay on the primary (the primary's rows are gone, the partition marked)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pyspark.sql import SparkSession
+
+from app.config import Config
+from app.pipeline.job import run
+from app.pipeline.partitions import archived_partitions
+from app.services.retention import RetentionService
+from app.store.db import Database
+from devtools.pg import Cluster
+from tests.helpers.replica import Pair, fresh_database, primary_with_replica, rdbms_section
+from tests.helpers.waiting import eventually_sync
+from tests.pipeline import data
+from tests.pipeline.conftest import pipeline_config
+from tests.pipeline.helpers import query
+
+
+def _prepare(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE EXTENSION pg_stat_statements")
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    with primary_with_replica(
+        "wb_archive_replica_template", statements=True, prepare=_prepare
+    ) as pair:
+        yield pair
+
+
+@pytest.fixture
+def database(pair: Pair) -> Iterator[str]:
+    with fresh_database(pair, "wb_archive_replica") as name:
+        yield name
+
+
+def _config(
+    pair: Pair, database: str, tmp_path: Path, *, partitions: bool, wait: str = "60s"
+) -> Config:
+    rdbms = rdbms_section(pair.primary.url(database), pair.replica.url(database))
+    return pipeline_config(
+        rdbms, tmp_path, partition_interval="1h" if partitions else "off", **{"replica-wait": wait}
+    )
+
+
+def _execute(url: str, sql: str) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute(sql)
+
+
+def _maintain(config: Config) -> None:
+    """The broker sweeper's partition upkeep (a partition ahead, rotation when due)."""
+
+    async def go() -> None:
+        db = Database.from_config(config.database)
+        try:
+            service = RetentionService(
+                db,
+                config.database.partition_interval_seconds,
+                config.pipeline.retention_days,
+                hold_seconds=60,
+            )
+            await service.maintain()
+        finally:
+            await db.dispose()
+
+    asyncio.run(go())
+
+
+def _closed_partition(config: Config) -> None:
+    """Seeded jobs in job_p0, closed 8 days ago (past the 7 days' retention); some not yet
+    delivered."""
+    url = config.database.connection_url
+    data.seed(url, old=12, old_open=2, recent=0, seed=11)
+    _maintain(config)
+    _execute(url, "UPDATE job_partition SET opened_at = now() - interval '2 hours'")
+    _maintain(config)
+    _execute(
+        url, "UPDATE job_partition SET closed_at = now() - interval '8 days' WHERE name = 'job_p0'"
+    )
+
+
+def _finish_jobs(config: Config) -> int:
+    """Every job of job_p0 delivered (the write that settles the partition); how many."""
+    with psycopg.connect(config.database.connection_url) as conn:
+        conn.execute("UPDATE job_p0 SET status = 'DELIVERED' WHERE status <> 'DELIVERED'")
+        row = conn.execute("SELECT count(*) FROM job_p0").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _replayed(pair: Pair, database: str) -> None:
+    """Until the replica has the primary's database as it is now (its partition closed)."""
+    with psycopg.connect(pair.primary.url(database), autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+
+    def reached() -> bool:
+        with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
+            got = conn.execute(
+                "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (row[0],)
+            ).fetchone()
+        return bool(got and got[0])
+
+    eventually_sync(reached, what="the replica replayed the set-up")
+
+
+def _statement_calls(server: Cluster, database: str, marker: str) -> int:
+    """Calls of statements with `marker` in their text, in `database`, on that server."""
+    with psycopg.connect(server.url(database), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)"
+            " AND query LIKE %s",
+            (database, f"%{marker}%"),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _pause_replay(pair: Pair) -> None:
+    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+
+        def paused() -> bool:
+            row = conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()
+            return row is not None and row[0] == "paused"
+
+        eventually_sync(paused, what="the replica's replay paused")
+
+
+def _resume_replay(pair: Pair) -> None:
+    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_wal_replay_resume()")
+
+
+def _archived_statuses(spark: SparkSession, config: Config) -> list[str]:
+    frame = archived_partitions(spark, config.pipeline.archive_root, ["job_p0"])
+    assert frame is not None
+    return [str(row["status"]) for row in frame.collect()]
+
+
+def test_a_closed_partitions_export_reads_the_replica_and_marks_on_the_primary(
+    spark: SparkSession, pair: Pair, database: str, tmp_path: Path
+) -> None:
+    config = _config(pair, database, tmp_path, partitions=True)
+    _closed_partition(config)
+    jobs = _finish_jobs(config)
+    _replayed(pair, database)
+
+    summary = run("archive", config, spark=spark)
+
+    assert summary["status"] == "ok", summary
+    assert summary["partitions"]["exported"] == ["job_p0"]
+    assert summary["partitions"]["read_from"] == {"replica": 1}
+    assert _statement_calls(pair.replica, database, "archived_partition") > 0
+    assert _statement_calls(pair.primary, database, "archived_partition") == 0
+    assert _archived_statuses(spark, config) == ["DELIVERED"] * jobs
+    state = "SELECT status, exported_rows FROM job_partition WHERE name = 'job_p0'"
+    assert query(config, state) == [{"status": "EXPORTED", "exported_rows": jobs}]
+
+
+def test_the_row_batches_export_reads_the_replica_and_deletes_on_the_primary(
+    spark: SparkSession, pair: Pair, database: str, tmp_path: Path
+) -> None:
+    config = _config(pair, database, tmp_path, partitions=False)
+    dataset = data.seed(config.database.connection_url, old=20, old_open=0, recent=0, seed=3)
+
+    summary = run("archive", config, spark=spark)
+
+    assert summary["status"] == "ok", summary
+    archive = summary["archive"]
+    assert archive["archived_messages"] == len(dataset.old_terminal)
+    assert archive["read_from"] == {"replica": archive["batches"]}
+    assert _statement_calls(pair.replica, database, "archived_message") > 0
+    assert _statement_calls(pair.replica, database, "archived_job") > 0
+    assert _statement_calls(pair.primary, database, "archived_message") == 0
+    assert query(config, "SELECT count(*) AS n FROM message") == [{"n": 0}]
+
+
+def test_a_replica_behind_is_waited_for_then_read(
+    spark: SparkSession, pair: Pair, database: str, tmp_path: Path
+) -> None:
+    config = _config(pair, database, tmp_path, partitions=True)
+    _closed_partition(config)
+    _replayed(pair, database)
+    waited: list[str] = []
+
+    def resume(what: str) -> None:
+        # Waiting, so the replica was seen behind: let it catch up.
+        waited.append(what)
+        _resume_replay(pair)
+
+    _pause_replay(pair)
+    try:
+        # The replica keeps the partition's undelivered jobs: an export read from it now
+        # would differ from the primary's rows.
+        jobs = _finish_jobs(config)
+        err = io.StringIO()
+        summary = run("archive", config, spark=spark, wait_hook=resume, err=err)
+    finally:
+        _resume_replay(pair)
+
+    assert summary["status"] == "ok", summary
+    assert waited == ["partition job_p0"]
+    assert "partition job_p0: waiting for the replica to replay to" in err.getvalue()
+    assert summary["partitions"]["read_from"] == {"replica": 1}
+    assert _archived_statuses(spark, config) == ["DELIVERED"] * jobs
+
+
+def test_a_replica_still_behind_after_replica_wait_leaves_the_export_to_the_primary(
+    spark: SparkSession, pair: Pair, database: str, tmp_path: Path
+) -> None:
+    config = _config(pair, database, tmp_path, partitions=True, wait="1s")
+    _closed_partition(config)
+    _replayed(pair, database)
+    _pause_replay(pair)
+    try:
+        jobs = _finish_jobs(config)
+        err = io.StringIO()
+        summary = run("archive", config, spark=spark, err=err)
+    finally:
+        _resume_replay(pair)
+
+    assert summary["status"] == "ok", summary
+    assert summary["partitions"]["read_from"] == {"primary": 1}
+    assert "partition job_p0: reading the primary: the replica replayed to" in err.getvalue()
+    assert "after replica-wait 1 s" in err.getvalue()
+    assert _statement_calls(pair.replica, database, "archived_partition") == 0
+    assert _archived_statuses(spark, config) == ["DELIVERED"] * jobs
+
+
+def test_a_replica_down_leaves_the_export_to_the_primary(
+    spark: SparkSession, pair: Pair, database: str, tmp_path: Path
+) -> None:
+    config = _config(pair, database, tmp_path, partitions=True)
+    _closed_partition(config)
+    jobs = _finish_jobs(config)
+    pair.replica.down()
+    try:
+        err = io.StringIO()
+        summary = run("archive", config, spark=spark, err=err)
+    finally:
+        pair.replica.up()
+        pair.replica.wait_streaming()
+
+    assert summary["status"] == "ok", summary
+    assert summary["partitions"]["read_from"] == {"primary": 1}
+    assert "partition job_p0: reading the primary: the replica is unreachable" in err.getvalue()
+    assert _archived_statuses(spark, config) == ["DELIVERED"] * jobs

@@ -1,0 +1,56 @@
+"""[pipeline] niceness (issue 42): parsed and bounded (0..19), and applied by the command line
+at its start, in its own process (the Spark JVM, started later, is its child and inherits it),
+which the run's summary and its first progress line report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from app.config import Config, ConfigError, load_config_text
+from app.pipeline.db import PIPELINE_LOCK_KEY
+from app.pipeline.job import EXIT_LOCKED
+
+
+@pytest.mark.parametrize("raw", ["-1", "20", "low"])
+def test_niceness_outside_0_to_19_is_refused_with_its_reason(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"\[pipeline\] niceness"):
+        load_config_text(f"[pipeline]\nniceness={raw}\n")
+
+
+def test_niceness_is_read_and_defaults_to_0() -> None:
+    assert load_config_text("").pipeline.niceness == 0
+    assert load_config_text("[pipeline]\nniceness=19\n").pipeline.niceness == 19
+
+
+def test_the_pipeline_process_runs_at_the_configured_niceness(
+    pipeline: Config, tmp_path: Path
+) -> None:
+    wanted = os.getpriority(os.PRIO_PROCESS, 0) + 7
+    assert wanted <= 19
+    cfg = tmp_path / "webhook-broker.cfg"
+    cfg.write_text(
+        f"[rdbms]\ndialect=postgresql\nconnection-url={pipeline.database.connection_url}\n"
+        f"[pipeline]\narchive-root={tmp_path / 'archive'}\nniceness={wanted}\n"
+    )
+    url = pipeline.database.connection_url
+    with psycopg.connect(url, autocommit=True) as holder:
+        # Another archiver holds the lock: this run stops before Spark, having set its niceness.
+        holder.execute("SELECT pg_advisory_lock(%s)", (PIPELINE_LOCK_KEY,))
+        done = subprocess.run(
+            [sys.executable, "-m", "app.pipeline", "archive", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == EXIT_LOCKED, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["niceness"] == wanted  # os.getpriority, asked in that process
+    assert f"running at niceness {wanted}" in done.stderr
+    assert os.getpriority(os.PRIO_PROCESS, 0) == wanted - 7  # the test's own: untouched
