@@ -56,7 +56,7 @@ class Floor:
         self.consumers: dict[tuple[str, str], int] = {}
         self.channel_tokens: dict[str, str] = {}
         self.producer_tokens: dict[str, str] = {}
-        self.claims: dict[int, str] = {}
+        self.claim = claim_sql("pk", numbered=False, by_bytes=False, capped=False)
 
     async def load(self) -> None:
         rows = await self.db.run_alone("SELECT channel_id, consumer_id, pk FROM consumer", {})
@@ -65,13 +65,6 @@ class Floor:
         self.channel_tokens = {str(c): str(t) for c, t in rows}
         rows = await self.db.run_alone("SELECT id, token FROM producer", {})
         self.producer_tokens = {str(p): str(t) for p, t in rows}
-
-    def claim_text(self, batch: int) -> str:
-        if batch not in self.claims:
-            self.claims[batch] = claim_sql(
-                "pk", batch, numbered=False, by_bytes=False, capped=False
-            )
-        return self.claims[batch]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -117,8 +110,9 @@ class Floor:
     async def pull(self, consumer_pk: int, body: bytes, send: Send) -> None:
         batch = int(orjson.loads(body or b"{}").get("batch", 1))
         rows = await self.db.run_alone(
-            self.claim_text(batch),
+            self.claim,
             {
+                "limit": batch,
                 "consumer_pk": consumer_pk,
                 "consumer_type": "pull",
                 "default_ack_wait": self.config.default_ack_wait_seconds,

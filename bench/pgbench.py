@@ -42,8 +42,9 @@ def pgbench_text(sql: str, **renamed: str) -> str:
 def claim_command(batch: int, with_ids: bool) -> str:
     """The broker's claim, its rows folded into one row for \\gset: the claimed rows as text
     (so the server produces all the data a client would receive) and, for the acks, the ids
-    and attempts (as arrays, and one by one as i1, a1, i2, a2 ...)."""
-    claim = claim_sql("pk", batch, numbered=False, by_bytes=False, capped=False)
+    and attempts (as arrays, and one by one as i1, a1, i2, a2 ...). The batch size is the
+    variable :limit, a bind parameter under -M prepared as %(limit)s is in psycopg."""
+    claim = claim_sql("pk", numbered=False, by_bytes=False, capped=False)
     head, final = claim.rsplit("\nSELECT ", 1)
     columns = ["coalesce(array_agg(out.*)::text, '') AS job_rows"]
     if with_ids:
@@ -55,7 +56,7 @@ def claim_command(batch: int, with_ids: bool) -> str:
             columns.append(f"coalesce((array_agg(out.id ORDER BY out.id))[{k}], 0) AS i{k}")
             columns.append(f"coalesce((array_agg(out.attempt ORDER BY out.id))[{k}], 0) AS a{k}")
     folded = f"{head}, out AS (\nSELECT {final}) SELECT {', '.join(columns)} FROM out"
-    return pgbench_text(folded) + " \\gset"
+    return f"\\set limit {int(batch)}\n" + pgbench_text(folded) + " \\gset"
 
 
 def ack_command(one: int | None = None) -> str:

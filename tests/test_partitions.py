@@ -490,8 +490,9 @@ async def test_acks_claims_and_publishes_reach_only_the_partitions_they_must(
         "consumer_type": "pull",
         "incremental_timeout": 0,
         "default_ack_wait": 30,
+        "limit": 3,
     }
-    claim_sql = queue.claim_sql("pk", 3, numbered=False, by_bytes=False, capped=True)
+    claim_sql = queue.claim_sql("pk", numbered=False, by_bytes=False, capped=True)
     claim = await _explain(runtime, claim_sql, claim_params)
     assert claim == ({"job_p2"}, 3)
     # Its read of the jobs' messages (by pk) reaches only their partition.

@@ -112,17 +112,23 @@ class Database:
             self.waker.wake(consumer_pks)
 
     async def run(
-        self, sql: str, params: dict[str, Any], tx: Tx | None = None
+        self,
+        sql: str,
+        params: dict[str, Any],
+        tx: Tx | None = None,
+        *,
+        prepare: bool | None = None,
     ) -> list[tuple[Any, ...]]:
         """A PostgreSQL statement text (%(name)s placeholders), the same text either way:
-        alone, or inside `tx` on that transaction's own driver connection."""
+        alone, or inside `tx` on that transaction's own driver connection. `prepare`: as
+        `run_alone`'s."""
         if tx is None:
-            return await self.run_alone(sql, params)
+            return await self.run_alone(sql, params, prepare=prepare)
         with driver_errors_as_domain():
             raw = await tx.conn.get_raw_connection()
             driver = raw.driver_connection
             assert driver is not None
-            return await execute(driver, sql, params)
+            return await execute(driver, sql, params, prepare)
 
     async def run_alone(
         self, sql: str, params: dict[str, Any], *, prepare: bool | None = None
@@ -211,15 +217,19 @@ class Held:
 
     def __init__(self, url: str, size: int) -> None:
         self._url = url
-        # A slot holds an open connection, or None: one to open when it is next used.
-        self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.Queue()
+        # A slot holds an open connection, or None: one to open when it is next used. Last in,
+        # first out: the connection used last has the statements prepared (as the pool's).
+        self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.LifoQueue()
         for _ in range(size):
             self._slots.put_nowait(None)
         self._open: set[psycopg.AsyncConnection[Any]] = set()
         self._closed = False
 
-    async def run(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """The statement (%(name)s placeholders), in its own implicit transaction."""
+    async def run(
+        self, sql: str, params: dict[str, Any], *, prepare: bool | None = None
+    ) -> list[tuple[Any, ...]]:
+        """The statement (%(name)s placeholders), in its own implicit transaction. `prepare`:
+        as `Database.run_alone`'s."""
         with driver_errors_as_domain():
             conn = await self._slots.get()
             kept: psycopg.AsyncConnection[Any] | None = None
@@ -233,7 +243,7 @@ class Held:
                         self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
                     )
                     self._open.add(conn)
-                rows = await execute(conn, sql, params)
+                rows = await execute(conn, sql, params, prepare)
                 kept = conn
                 return rows
             finally:
@@ -305,6 +315,10 @@ def create_engine(config: DatabaseConfig) -> AsyncEngine:
         # No pre-ping: it costs a round trip per transaction. A connection the server dropped
         # fails its statement once, is discarded by the pool, and the next request gets a new one.
         pool_pre_ping=False,
+        # The connection returned last goes out first: a hot statement is prepared (and its
+        # generic plan made) on each connection it runs on, and handed out in turn (FIFO) every
+        # connection of the pool stayed cold for it; LIFO keeps the busy ones few and warm.
+        pool_use_lifo=True,
         # Statement parameters hold tokens; tracebacks of database errors must not show them.
         hide_parameters=True,
     )

@@ -225,8 +225,8 @@ NUMBERED = """, counter AS (
 )"""
 
 
-@functools.lru_cache(maxsize=1024)
-def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: bool) -> str:
+@functools.lru_cache(maxsize=64)
+def claim_sql(key: str, *, numbered: bool, by_bytes: bool, capped: bool) -> str:
     """The claim, in the variant a call needs (each variant is its own prepared statement).
 
     `(SELECT pk FROM named)` is evaluated once and then acts as a parameter, so the claim
@@ -235,11 +235,12 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     the consumer row and counted its in-flight jobs, with the limit that leaves. The
     statement sees the queue as it was before it ran: the pending count includes what it
     claimed and takes that off; when fewer rows were due than the limit, none is left but
-    those a byte budget passed over. The limit is written into the text: with LIMIT $n
-    PostgreSQL prices a generic plan for a tenth of the table, so it planned every claim anew
-    (0.3 ms, a tenth of the claim); a batch size of its own lets the generic plan win.
+    those a byte budget passed over. The limit is a parameter (`%(limit)s`): the walk's
+    LIMIT is inside `claimable_jobs`, planned there once (migration 0010), so no estimate of
+    this statement depends on it and its generic plan is the custom plans' own. Written into
+    the text, every batch size was a statement of its own, prepared on each pooled connection
+    separately: a third to a half of the bridge's claims were planned anew.
     """
-    limit = int(limit)
     push = key == "push"
     pulled_columns = ", ".join(PULLED_COLUMNS)
     # PulledJob carries message_pk (the bridge's stream sequence): named once.
@@ -282,10 +283,10 @@ def claim_sql(key: str, limit: int, *, numbered: bool, by_bytes: bool, capped: b
     pending = (
         "0"
         if push
-        else f"""CASE WHEN (SELECT count(*) FROM due) < {limit}
+        else f"""CASE WHEN (SELECT count(*) FROM due) < %(limit)s
         THEN (SELECT count(*) FROM due) - (SELECT n FROM counted)
         ELSE greatest(0,
-            (SELECT due_jobs_ahead((SELECT pk FROM named), {PENDING_COUNT_CAP + limit}))
+            (SELECT due_jobs_ahead((SELECT pk FROM named), {PENDING_COUNT_CAP} + %(limit)s))
             - (SELECT n FROM counted)) END"""
     )
     return f"""
@@ -293,7 +294,7 @@ WITH named AS ({NAMED[key]}{uncapped}
 ), due AS (
     -- The queue's first due jobs, locked (migration 0010_claim_functions: walked in the
     -- index's order whatever the statistics expect).
-    SELECT id, priority, payload_size FROM claimable_jobs((SELECT pk FROM named), {limit})
+    SELECT id, priority, payload_size FROM claimable_jobs((SELECT pk FROM named), %(limit)s)
 ){chosen}, claimed AS (
     UPDATE job SET status = '{INFLIGHT}', attempt = job.attempt + 1,
         incremental_timeout = %(incremental_timeout)s,
@@ -426,11 +427,16 @@ class Queue:
         self._timed = timed  # (statement, seconds): the metrics' latency of each
 
     async def _run(
-        self, sql: str, params: dict[str, Any], tx: Tx | None = None
+        self,
+        sql: str,
+        params: dict[str, Any],
+        tx: Tx | None = None,
+        *,
+        prepare: bool | None = None,
     ) -> list[tuple[Any, ...]]:
         if tx is None and self._held is not None:
-            return await self._held.run(sql, params)
-        return await self._db.run(sql, params, tx)
+            return await self._held.run(sql, params, prepare=prepare)
+        return await self._db.run(sql, params, tx, prepare=prepare)
 
     @_measured("publish", lambda published: len(published.consumer_pks) if published else 0)
     async def publish(self, new: NewMessage) -> Published | None:
@@ -532,17 +538,20 @@ class Queue:
                 )  # fmt: skip
         sql = claim_sql(
             named.key,
-            limit,
             numbered=numbered,
             by_bytes=max_bytes is not None,
             capped=max_ack_pending is not None,
         )
         params = named.params() | {
+            "limit": limit,
             "default_ack_wait": default_ack_wait,
             "incremental_timeout": incremental_timeout,
             "max_bytes": max_bytes,
         }
-        rows = await self._run(sql, params, tx)
+        # Prepared at its first run on a connection, not its sixth: the five runs before were
+        # each planned, on every connection of the pool (the claim's plan does not depend on
+        # its parameters, so PostgreSQL keeps the generic one after its five custom plans).
+        rows = await self._run(sql, params, tx, prepare=True)
         if not rows:
             return NOTHING
         return Claimed(
