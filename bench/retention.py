@@ -11,11 +11,15 @@ the variants' cycles alternate, so both see the same machine. A cycle:
 2. deliver the block: HTTP pull(batch) + batch ack by `pollers` clients in a process of their
    own (`python -m bench.retention deliver`), until the block is delivered;
 3. once a quarter of the block is delivered (`LEAD`), archive the previous block, while the
-   deliveries go on: `partitions` runs the Spark archive (local mode, in this process, one
-   session for the run), which exports the closed partition and marks it; the sweeper's own
-   round (RetentionService.run_round, its interval not over) detaches it CONCURRENTLY and drops
-   it; a second archive run takes the messages whose jobs left with it, and the round again
-   finishes whatever that leaves (message partitions, where the message table has them);
+   deliveries go on, as an operator of a small box runs it: `python -m app.pipeline archive`,
+   a process of its own (Spark local mode, a JVM per run) at [pipeline] niceness 19, its
+   exports reading a streaming replica of the run's cluster (devtools/replica.py, started
+   under `nice -n 19`, made once for the run and shared by both variants) once it has
+   replayed past the primary; `partitions` exports the closed partition and marks it; the
+   sweeper's own round (RetentionService.run_round, its interval not over) detaches it
+   CONCURRENTLY and drops it; a second archive run takes the messages whose jobs left with
+   it, and the round again finishes whatever that leaves (message partitions, where the
+   message table has them);
    `deletes` runs the same archive with partition-interval off, which exports the block in
    batches of the default batch-size (100,000) and deletes their rows, as today;
 4. `partitions`: the block's partition closes (RetentionService.maintain, the sweeper's rotation,
@@ -38,6 +42,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -66,6 +71,17 @@ LEAD = 0.25  # share of a block delivered before the previous block's archive st
 FILL_CHUNK = 100_000  # messages per fill statement
 ARCHIVE_BATCH = 100_000  # [pipeline] batch-size's default: today's archive deletes this many
 RATIO_BOUND = 0.10  # the issue: within 10% while the archive runs
+ARCHIVE_NICENESS = 19  # the archive and its replica take only CPU the claims leave idle
+# The replica serves only the archive here: its replay waits for an export's reads rather than
+# cancelling them (a cancelled export is redone on the primary), and it sends no feedback that
+# would hold back the primary's vacuum of the jobs the claims walk.
+REPLICA_SETTINGS = {"hot_standby_feedback": "off", "max_standby_streaming_delay": "-1"}
+# A replica at nice 19 replays behind a busy primary: waiting costs the claims nothing.
+REPLICA_WAIT = "10m"
+# The pipeline processes' JVMs: no web UI (each run would take a port), no progress bars.
+SPARK_SUBMIT_ARGS = (
+    "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false pyspark-shell"
+)
 FLAT_BOUND = 1.10  # last cycle's job table / the first archived cycle's
 EXPIRES = 1.0  # a pull's long-poll wait
 EMPTY_STOP = 3  # empty pulls in a row after which a client gives up on a dry block
@@ -122,6 +138,10 @@ class Plan:
     batch: int = 100
     api_procs: int = 2
     spark_master: str | None = None  # [pipeline] master's default: local[*]
+    # How the archive runs: this nice value (the pipeline process and its JVM), reading a
+    # streaming replica started at the same nice value (False: the primary).
+    archive_niceness: int = ARCHIVE_NICENESS
+    replica: bool = True
     keep_databases: bool = False
 
     def blocks(self) -> list[int]:
@@ -164,9 +184,15 @@ def archive_batches(block: int) -> tuple[int, int]:
 
 
 def config_text(
-    url: str, root: Path, *, partitions: bool, batches: tuple[int, int] = (1, 1)
+    url: str,
+    root: Path,
+    *,
+    partitions: bool,
+    batches: tuple[int, int] = (1, 1),
+    replica_url: str = "",
+    niceness: int = 0,
 ) -> str:
-    """The broker's config, which the in-process pipeline reads too. partition-interval 1d: the
+    """The broker's config, which the pipeline process reads too. partition-interval 1d: the
     sweeper never rotates in the middle of a cycle (the bench ends each interval); retention 0
     days: a closed partition or a finished batch is archived at once; batches that take the
     previous block and nothing of the one being delivered (archive_batches)."""
@@ -175,6 +201,7 @@ def config_text(
             "[rdbms]",
             "dialect=postgresql",
             f"connection-url={url}",
+            *([f"replica-url={replica_url}"] if replica_url else []),
             f"partition-interval={'1d' if partitions else 'off'}",
             "[log]",
             "log-level=warning",
@@ -186,6 +213,8 @@ def config_text(
             "retention-days=0",
             f"batch-size={batches[0]}",
             f"max-batches={batches[1]}",
+            f"niceness={niceness}",
+            f"replica-wait={REPLICA_WAIT}",
             "[initial-channels]",
             f"{CHANNEL}={CHANNEL}",
             "[initial-channel-tokens]",
@@ -255,6 +284,7 @@ class Variant:
     during: Phase = field(default_factory=Phase)
     previous: tuple[int, int, int] | None = None  # (jobs, low id, high id) of the last block
     database: Any = None  # app.store.db.Database, for the partition steps
+    replica_base: str = ""  # the run's replica (its postgres database), if any
 
     @property
     def partitions(self) -> bool:
@@ -265,8 +295,24 @@ class Variant:
         head, _, _ = self.base_url.rpartition("/")
         return f"{head}/{self.dbname}"
 
-    def text(self, batches: tuple[int, int] = (1, 1)) -> str:
-        return config_text(self.url, self.root, partitions=self.partitions, batches=batches)
+    @property
+    def replica_url(self) -> str:
+        if not self.replica_base:
+            return ""
+        head, _, _ = self.replica_base.rpartition("/")
+        return f"{head}/{self.dbname}"
+
+    def text(self, batches: tuple[int, int] | None = None) -> str:
+        """The broker's config; with `batches`, the archive's (which alone has the replica:
+        the brokers would only measure its lag)."""
+        return config_text(
+            self.url,
+            self.root,
+            partitions=self.partitions,
+            batches=batches or (1, 1),
+            replica_url=self.replica_url if batches else "",
+            niceness=self.plan.archive_niceness,
+        )
 
     async def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -335,21 +381,25 @@ class Variant:
         assert low is not None and high is not None
         return low, high
 
-    async def archive(self, spark: Any, log: TextIO) -> dict[str, Any]:
+    async def archive(self, log: TextIO) -> dict[str, Any]:
         """The previous block's archive; what each step did and took."""
-        from app.config import load_config_text
-        from app.pipeline.job import run
-
         assert self.previous is not None
-        config = load_config_text(self.text(archive_batches(self.previous[0])))
+        config = self.root / "pipeline.cfg"
+        await asyncio.to_thread(config.write_text, self.text(archive_batches(self.previous[0])))
         steps: dict[str, Any] = {}
 
         async def pipeline(step: str) -> dict[str, Any]:
             started = time.monotonic()
-            summary = await asyncio.to_thread(run, "archive", config, spark=spark, out=log, err=log)
-            steps[step] = {"seconds": round(time.monotonic() - started, 3)}
+            summary = await run_pipeline(config, self.plan.spark_master, log)
+            steps[step] = {
+                "seconds": round(time.monotonic() - started, 3),
+                "niceness": summary.get("niceness"),
+            }
             if summary.get("status") != "ok":
                 raise RuntimeError(f"pipeline archive ({self.name}): {summary.get('error')}")
+            read_from = Counter(summary.get("partitions", {}).get("read_from", {}))
+            read_from.update(summary.get("archive", {}).get("read_from", {}))
+            steps[step]["read_from"] = dict(read_from)
             return summary
 
         async def sweeper_round(step: str) -> None:
@@ -439,6 +489,31 @@ class Variant:
         )
 
 
+async def run_pipeline(config: Path, master: str | None, log: TextIO) -> dict[str, Any]:
+    """`python -m app.pipeline archive` as its own process, as an operator's timer runs it;
+    its JSON summary (its progress and Spark's go to `log`)."""
+    log.flush()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "app.pipeline",
+        "archive",
+        "--config",
+        str(config),
+        *(["--master", master] if master else []),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+        cwd=REPO,
+        env={**os.environ, "PYSPARK_SUBMIT_ARGS": SPARK_SUBMIT_ARGS},
+    )
+    out, _ = await proc.communicate()
+    lines = [line for line in out.decode().splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"pipeline archive exited {proc.returncode} without a summary")
+    summary: dict[str, Any] = json.loads(lines[-1])
+    return summary
+
+
 def at(wall: float) -> datetime:
     return datetime.fromtimestamp(wall, UTC)
 
@@ -493,7 +568,6 @@ async def cycle(
     variant: Variant,
     number: int,
     block: int,
-    spark: Any,
     log: TextIO,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -534,7 +608,7 @@ async def cycle(
     async def archive() -> dict[str, Any]:
         archive_span.append(time.time())
         try:
-            return await variant.archive(spark, log)
+            return await variant.archive(log)
         finally:
             archive_span.append(time.time())
 
@@ -610,43 +684,25 @@ async def run_retention(
     say: Callable[[str], None] = print,
 ) -> list[Measured]:
     """Both variants' cycles, alternating; two Measured rows per variant."""
-    from pyspark.sql import SparkSession
-
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     variants = [Variant(name, base_url, workdir / name, plan) for name in plan.variants]
-    session: list[Any] = []
-    # A session already running in this process (a test's) is used and left running.
-    owned = SparkSession.getActiveSession() is None
     log = (workdir / "pipeline.log").open("a")
     started = time.monotonic()
-
-    def get_spark() -> Any:
-        from app.config import load_config_text
-        from app.pipeline.db import jdbc_target
-        from app.pipeline.spark import build_session
-
-        extra = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
-        spark = build_session(load_config_text("").pipeline, plan.spark_master, extra=extra)
-        # One JDBC read, Parquet write and read back first: the JVM loads and compiles those
-        # paths once, in no archive's window (the first export took about three times the
-        # second's without it).
-        warm = str(workdir / "warm-up")
-        source = (
-            spark.read.format("jdbc")
-            .options(**jdbc_target(variants[0].url).options(1000))
-            .option("dbtable", "(SELECT g AS n FROM generate_series(1, 1000) AS g) AS w")
-            .load()
-        )
-        source.write.mode("overwrite").parquet(warm)
-        spark.read.parquet(warm).count()
-        shutil.rmtree(warm, ignore_errors=True)
-        return spark
+    replica: Any = None
 
     try:
+        if plan.replica:
+            from devtools.replica import standby_of
+
+            # One replica of the whole cluster, for both variants: made before their
+            # databases, which it then replays as they are created.
+            replica = await asyncio.to_thread(
+                standby_of, base_url, niceness=plan.archive_niceness, settings=REPLICA_SETTINGS
+            )
+            for variant in variants:
+                variant.replica_base = replica.base_url
         for variant in variants:
             await variant.start()
-        # Up front: the JVM's start is no part of any archive's window.
-        session.append(await asyncio.to_thread(get_spark))
         blocks = plan.blocks()
         say(
             f"  retention: {plan.jobs:,} jobs in {len(blocks)} cycles of about {blocks[0]:,} "
@@ -654,18 +710,32 @@ async def run_retention(
         )
         for number, block in enumerate(blocks):
             for variant in variants:
-                await cycle(variant, number, block, session[0], log, say)
+                await cycle(variant, number, block, log, say)
     finally:
         for variant in variants:
             await variant.stop()
-        if owned and session:
-            await asyncio.to_thread(session[0].stop)
+        if replica is not None:
+            await asyncio.to_thread(replica.stop)
         log.close()
     elapsed = time.monotonic() - started
     out: list[Measured] = []
     for variant in variants:
         out += measured(variant, elapsed)
     return out
+
+
+def archive_ran(plan: Plan) -> str:
+    """How the archive ran, in words, for the report."""
+    where = (
+        f"reading a streaming replica started under nice -n {plan.archive_niceness}"
+        if plan.replica
+        else "reading the primary"
+    )
+    return (
+        f"the archive ran as its own process (python -m app.pipeline archive, a Spark JVM per "
+        f"run) at niceness {plan.archive_niceness}, {where}; marks, detach/drop and deletes "
+        "on the primary"
+    )
 
 
 def measured(variant: Variant, elapsed: float) -> list[Measured]:
@@ -688,6 +758,7 @@ def measured(variant: Variant, elapsed: float) -> list[Measured]:
         "cycles": variant.cycles,
         "cycle_jobs": plan.blocks()[0],
         "lead": LEAD,
+        "archive_ran": archive_ran(plan),
         "elapsed_s_all_variants": round(elapsed, 1),
         "database": variant.dbname,
         "outside": variant.outside.as_dict(),
@@ -810,9 +881,15 @@ def retention_sections(results: Sequence[Measured]) -> list[str]:
                 ]
             )
     table = "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+    ran = {
+        str(rows[DURING].extra.get("retention", {}).get("archive_ran", ""))
+        for rows in found.values()
+        if DURING in rows
+    }
+    how = "".join(f"\n\nHow: {text}." for text in sorted(ran) if text)
     return [
         "Retention (issue 42): cycles of fill, pull + batch ack delivery and the previous "
-        "block's archive, by variant\n\n" + table
+        "block's archive, by variant" + how + "\n\n" + table
     ]
 
 
