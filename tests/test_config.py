@@ -566,6 +566,7 @@ INVALID_BY_PARSER = {
     "_postgres_url": "mysql://x/y",
     "_duration": "5 parsecs",
     "_partition_interval": "-1d",
+    "_niceness": "20",
 }
 TYPED_KEYS = [
     (section.name, key) for section in SECTIONS for key in section.keys if key.parse is not str
