@@ -53,8 +53,18 @@ SELECT count(*) AS messages, coalesce(sum(n), 0) AS jobs
                             WHERE x.message_pk = m.pk AND x.status <> ALL(%(terminal)s))) AS e
 """
 
-# Lock every job of the batch first: a concurrent transition then either committed before
-# (and the fingerprint below sees it) or waits for this transaction and finds its row gone.
+# The batch's messages first (FOR UPDATE, in pk order): a history copy of the NATS bridge that
+# makes a job for one of them holds a KEY SHARE lock on it until it commits (app/store/backfill.py;
+# no foreign key does it since migration 0021), so the copy either committed before, and its
+# job keeps the message below, or waits for this transaction and skips the message gone.
+_LOCK_MESSAGES = """
+SELECT count(*) FROM (
+    SELECT m.pk FROM message m JOIN archive_batch_message b ON b.message_pk = m.pk
+     WHERE b.batch_id = %(batch_id)s ORDER BY m.pk FOR UPDATE OF m) AS locked
+"""
+
+# Then every job of the batch: a concurrent transition then either committed before (and the
+# fingerprint below sees it) or waits for this transaction and finds its row gone.
 _LOCK_JOBS = """
 SELECT count(*) FROM (
     SELECT j.id FROM job j JOIN archive_batch_message b ON b.message_pk = j.message_pk
@@ -87,6 +97,30 @@ WITH gone AS (
     ON CONFLICT (consumer_pk, shard) DO UPDATE SET n = job_removed.n + excluded.n
 )
 SELECT count(*) FROM gone
+"""
+
+# The archived messages that no job points at any more, and their keys in message_key (the
+# duplicate check: an archived message's id is free again). Nothing cascades from message
+# (migration 0021): a message a job still points at stays.
+_DELETE_MESSAGES = """
+WITH gone AS (
+    DELETE FROM message m USING archive_batch_message b
+     WHERE b.batch_id = %(batch_id)s AND NOT b.kept AND m.pk = b.message_pk
+       AND NOT EXISTS (SELECT 1 FROM job j WHERE j.message_pk = m.pk)
+    RETURNING m.channel_id, m.message_id
+), forgotten AS (
+    DELETE FROM message_key k USING gone
+     WHERE k.channel_id = gone.channel_id AND k.message_id = gone.message_id
+)
+SELECT count(*) FROM gone
+"""
+
+# A message the delete above left (a job still points at it) is kept, as _MARK_KEPT's are:
+# it stays in the database and its batch is not finalized.
+_KEEP_LEFT = """
+UPDATE archive_batch_message b SET kept = true
+ WHERE b.batch_id = %(batch_id)s AND NOT b.kept
+   AND EXISTS (SELECT 1 FROM message m WHERE m.pk = b.message_pk)
 """
 
 
@@ -242,15 +276,14 @@ class BatchStore:
         params = {"batch_id": batch_id, "terminal": self._terminal}
         with self._conn.transaction():
             self._conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_seconds)}s'")
+            self._conn.execute(_LOCK_MESSAGES, params)
             self._conn.execute(_LOCK_JOBS, params)
             self._conn.execute(_MARK_KEPT, params)
             row = self._conn.execute(_DELETE_JOBS, params).fetchone()
             jobs = int(row[0]) if row else 0
-            messages = self._conn.execute(
-                "DELETE FROM message m USING archive_batch_message b"
-                " WHERE b.batch_id = %(batch_id)s AND NOT b.kept AND m.pk = b.message_pk",
-                params,
-            ).rowcount
+            row = self._conn.execute(_DELETE_MESSAGES, params).fetchone()
+            messages = int(row[0]) if row else 0
+            self._conn.execute(_KEEP_LEFT, params)
             row = self._conn.execute(
                 "SELECT count(*) FROM archive_batch_message WHERE batch_id = %s AND kept",
                 (batch_id,),

@@ -244,7 +244,12 @@ class BackfillStore:
         return made
 
     def _jobs_for(self, consumer_pk: int) -> Select[Any]:
-        """A QUEUED job's columns for each message selected, in QUEUED_JOB_COLUMNS' order."""
+        """A QUEUED job's columns for each message selected, in QUEUED_JOB_COLUMNS' order.
+
+        Each message is locked FOR KEY SHARE, as a foreign key's check would lock it (none
+        points at message: migration 0021): the archive's delete of a message waits for this
+        copy to commit and then finds its new job, or this copy waits for the delete and skips
+        the message gone."""
         db_now = now(self._tx.dialect)
         return select(
             message.c.pk,
@@ -255,7 +260,7 @@ class BackfillStore:
             func.coalesce(message.c.scheduled_for, db_now),
             db_now,
             db_now,
-        )
+        ).with_for_update(read=True, key_share=True, of=message)
 
     async def _insert(self, picked: Select[Any]) -> int:
         """The jobs `picked` selects (as _jobs_for), inserted: how many."""

@@ -154,8 +154,8 @@ class MessageStore:
         """Delete a scheduled message whose time has not come, and with it its jobs (none of
         them due yet, so none handed out); False when there is no such message."""
         # The message first, locked: its jobs were committed with it, so they are all there
-        # and stay so (none is due yet); deleting it deletes them (ON DELETE CASCADE), and the
-        # ledger counts them removed.
+        # and stay so (none is due yet). Its jobs and its key go after it, in this transaction
+        # (no foreign key cascades: migration 0021), and the ledger counts the jobs removed.
         not_due = message.c.scheduled_for > now(self._tx.dialect)
         found = (
             await self._tx.conn.execute(
@@ -176,6 +176,12 @@ class MessageStore:
         result = await self._tx.conn.execute(delete(message).where(message.c.pk == found, not_due))
         if not result.rowcount:
             return False
+        await self._tx.conn.execute(delete(job).where(job.c.message_pk == found))
+        await self._tx.conn.execute(
+            delete(message_key).where(
+                message_key.c.channel_id == channel_id, message_key.c.message_id == message_id
+            )
+        )
         await LedgerStore(self._tx).removed(owed)
         return True
 

@@ -18,8 +18,9 @@ run that stopped anywhere is finished by the next.
 made and rotated with the job table's, their state in `message_partition`. Messages never move
 (their pk is the NATS bridge's stream sequence and what jobs point at), so a message partition
 goes only once nothing of it is left to keep: closed, past the retention, its messages archived
-(the batch archive deletes those no job refers to any more; a partition left empty is marked
-EXPORTED here), and no job pointing into it; its keys in message_key go before its detach.
+(the batch archive deletes those no job refers to any more, with their keys in message_key; a
+partition left empty is marked EXPORTED here), and no job pointing into it; the keys of a
+partition exported whole go before its detach.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ SEQUENCE = "job_id_seq"
 # later: a claim that read the row before a move and tried to lock it after would fail with a
 # serialization error, while one that finds it not due never locks it.
 # Creating a partition attaches it (SHARE UPDATE EXCLUSIVE on job: claims and acks go on), but
-# its foreign keys take a brief lock on message and consumer that publishes wait behind; past
+# its foreign key takes a brief lock on consumer that publishes wait behind; past
 # this the attempt gives up and the next round tries again.
 LOCK_TIMEOUT = "500ms"
 
@@ -190,15 +191,15 @@ WHERE name = :name AND status = 'ATTACHED' AND closed_at IS NOT NULL
 """
 
 # Jobs that still point into a message partition (ix_job_message_pk of each job partition), or
-# a job partition detached but not dropped (it keeps its own foreign key to message).
+# a job partition detached but not dropped (its drop may re-home rows pointing into it).
 REFERENCED = """
 SELECT EXISTS (SELECT 1 FROM job WHERE message_pk >= :low AND message_pk < :high)
     OR EXISTS (SELECT 1 FROM job_partition WHERE status IN ('EXPORTED', 'DETACHED'))
 """
 
-# An exported message partition's ids leave message_key before its detach (whose foreign key
-# check would refuse while any points into it), a chunk a statement: from then on the ids are
-# free again, as an archived message's always were.
+# An exported message partition's ids leave message_key before its detach (nothing cascades
+# from message: migration 0021), a chunk a statement: from then on the ids are free again, as
+# an archived message's always were.
 FORGET_KEYS = """
 DELETE FROM message_key WHERE (channel_id, message_id) IN (
     SELECT channel_id, message_id FROM message_key
@@ -209,7 +210,9 @@ DELETE FROM message_key WHERE (channel_id, message_id) IN (
 EXISTS = "SELECT to_regclass(:name) IS NOT NULL"
 
 # Rows of a detached partition that are not finished (a redrive replayed them after the export):
-# back into job with new ids, where their consumer and message still exist.
+# back into job with new ids, where their consumer and message still exist. Each message is
+# locked FOR KEY SHARE, as a foreign key's check would (none points at message: migration 0021),
+# so that the archive cannot delete it under the new job.
 REHOME = """
 INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size, attempt, retry_count,
     timeout_count, incremental_timeout, lease_expires_at, earliest_next_attempt_at, claimed_at,
@@ -218,10 +221,10 @@ SELECT d.message_pk, d.consumer_pk, CASE WHEN d.status = 'INFLIGHT' THEN 'QUEUED
     d.priority, d.payload_size, d.attempt, d.retry_count, d.timeout_count,
     d.incremental_timeout, NULL, d.earliest_next_attempt_at, NULL, d.status_changed_at,
     d.created_at, d.dead_reason, d.last_error, d.attempts
-FROM {name} d
+FROM {name} d JOIN message m ON m.pk = d.message_pk
 WHERE d.status <> 'DELIVERED'
   AND EXISTS (SELECT 1 FROM consumer c WHERE c.pk = d.consumer_pk)
-  AND EXISTS (SELECT 1 FROM message m WHERE m.pk = d.message_pk)
+FOR KEY SHARE OF m
 """
 
 # The dropped rows leave job_count (no trigger sees a DROP) and, those not re-homed, are

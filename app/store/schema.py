@@ -225,25 +225,23 @@ message = Table(
 
 # The producer's message id per channel (migration 0020): the publish's duplicate check and the
 # way from a message id to its message. Apart from message, whose unique keys would have to
-# include its partition key: here it stays unique over every partition.
+# include its partition key: here it stays unique over every partition. No foreign key points
+# at message (migration 0021, where the why is): a key and a message's jobs leave in the
+# statement that deletes the message.
 message_key = Table(
     "message_key",
     metadata,
     Column("channel_id", String(255), primary_key=True),
     Column("message_id", String(255), primary_key=True),
-    Column(
-        "message_pk", BigInteger(), ForeignKey("message.pk", ondelete="CASCADE"), nullable=False
-    ),
-    Index("ix_message_key_message_pk", "message_pk"),
+    Column("message_pk", BigInteger(), nullable=False),
+    Index("ix_message_key_message_pk", "message_pk"),  # a partition's keys, before its detach
 )
 
 job = Table(
     "job",
     metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),
-    Column(
-        "message_pk", BigInteger(), ForeignKey("message.pk", ondelete="CASCADE"), nullable=False
-    ),
+    Column("message_pk", BigInteger(), nullable=False),  # no foreign key: migration 0021
     Column(
         "consumer_pk", BigInteger(), ForeignKey("consumer.pk", ondelete="CASCADE"), nullable=False
     ),
