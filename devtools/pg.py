@@ -132,35 +132,9 @@ class Cluster:
         started, and returned once its WAL receiver streams (asked of the replica itself, so
         no name needs to match on the primary). initdb's trust rules already let 127.0.0.1
         connect for replication; wal_level and max_wal_senders are the defaults'."""
-        replica = Cluster(
-            durable=self.durable, shared_buffers=self.shared_buffers, statements=self.statements
-        )
-        if replica._as_root:
-            shutil.chown(replica.root, "postgres")
-        replica._run(
-            str(self.bindir / "pg_basebackup"),
-            "-D",
-            str(replica.data),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-U",
-            "postgres",
-            "-R",
-            "-X",
-            "stream",
-            "-c",
-            "fast",
-            "--no-sync",
-        )
-        # The primary's options, with the replica's own port and socket directory.
-        replica._options = self._options.replace(
-            f"-p {self.port} -k {self.root} ", f"-p {replica.port} -k {replica.root} ", 1
-        )
-        replica.up()
-        replica.wait_streaming()
-        return replica
+        from devtools.replica import standby_of  # it builds on this module
+
+        return standby_of(self.base_url)
 
     def wait_streaming(self, timeout: float = 60) -> None:
         """Until this standby's WAL receiver reports streaming (after `standby`, or `up`)."""

@@ -1,8 +1,8 @@
 """A streaming replica of any running PostgreSQL reachable by URL: a second throwaway cluster
 made by `pg_basebackup -R`, started (optionally under `nice`), returned once it streams.
 
-Cluster.standby makes one of a Cluster this process started; this one needs only the primary's
-address, which is all the benchmarks' scenarios are handed (bench/retention.py). The replica
+Cluster.standby is this, for a cluster this process started; the benchmarks' scenarios are
+handed only the primary's address (bench/retention.py), which is all this needs. The replica
 runs with the primary's command-line settings (read from its pg_settings: a hot standby must
 have at least the primary's max_connections, and the same statistics library), its own port
 and socket directory, and any `settings` given on top.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from app.pipeline.partitions import archived_partitions
 from app.services.retention import RetentionService
 from app.store.db import Database
 from devtools.pg import Cluster
+from devtools.replica import standby_of
 from tests.helpers.replica import Pair, fresh_database, primary_with_replica, rdbms_section
 from tests.helpers.waiting import eventually_sync
 from tests.pipeline import data
@@ -265,3 +267,16 @@ def test_a_replica_down_leaves_the_export_to_the_primary(
     assert summary["partitions"]["read_from"] == {"primary": 1}
     assert "partition job_p0: reading the primary: the replica is unreachable" in err.getvalue()
     assert _archived_statuses(spark, config) == ["DELIVERED"] * jobs
+
+
+def test_a_replica_made_from_a_url_streams_at_the_niceness_asked(pair: Pair) -> None:
+    """The bench's replica: made from the primary's address alone, under nice."""
+    replica = standby_of(pair.primary.base_url, niceness=5)
+    try:
+        # The postmaster, and so every process it forks (the startup process replaying WAL).
+        assert os.getpriority(os.PRIO_PROCESS, replica.postmaster_pid()) == 5
+        with psycopg.connect(replica.url(pair.template), autocommit=True) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery(), current_setting('port')").fetchone()
+        assert row == (True, str(replica.port))
+    finally:
+        replica.stop()
