@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 
 from app.config import Config, ConfigError, load_config_text
 from app.pipeline.db import PIPELINE_LOCK_KEY
 from app.pipeline.job import EXIT_LOCKED
+from tests.helpers.waiting import eventually_sync
 
 
 @pytest.mark.parametrize("raw", ["-1", "20", "low"])
@@ -54,3 +56,39 @@ def test_the_pipeline_process_runs_at_the_configured_niceness(
     assert summary["niceness"] == wanted  # os.getpriority, asked in that process
     assert f"running at niceness {wanted}" in done.stderr
     assert os.getpriority(os.PRIO_PROCESS, 0) == wanted - 7  # the test's own: untouched
+
+
+def test_the_spark_jvm_inherits_the_niceness(pipeline: Config, tmp_path: Path) -> None:
+    wanted = os.getpriority(os.PRIO_PROCESS, 0) + 5
+    cfg = tmp_path / "webhook-broker.cfg"
+    cfg.write_text(
+        f"[rdbms]\ndialect=postgresql\nconnection-url={pipeline.database.connection_url}\n"
+        f"[pipeline]\nreport-root={tmp_path / 'report'}\nniceness={wanted}\n"
+    )
+    command = [sys.executable, "-m", "app.pipeline", "report", "--dry-run"]
+    run = subprocess.Popen(
+        [*command, "--master", "local[1]", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+
+        def jvm() -> psutil.Process | None:
+            for child in psutil.Process(run.pid).children(recursive=True):
+                try:
+                    if child.name() == "java":
+                        return child
+                except psutil.NoSuchProcess:
+                    continue
+            return None
+
+        found = eventually_sync(jvm, what="the pipeline's Spark JVM")
+        assert found is not None and found.nice() == wanted
+        out, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, out
+    assert json.loads(out.strip().splitlines()[-1])["niceness"] == wanted
