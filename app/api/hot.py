@@ -7,6 +7,10 @@ handle it): an ack passed six routers and some thirty route patterns, a tenth of
 full match to the route itself, the same object the included router holds (one
 implementation; the handler BoundRoute bound when the route was made).
 
+A request's path picks the routes worth trying: by its number of segments and its last one
+(every hot route ends in a literal, and its parameters hold no "/"), so an ack tries one
+pattern, not the publish's and the pull's first (a failed FastAPI match cost about 2.5 µs).
+
 Nothing else changes: `install` refuses (at start) a hot route whose pattern could match a
 path some other route matches, so no request is taken from the route that answered it before;
 a request of another method (a 405) or any other path falls through to the routers as before.
@@ -21,6 +25,7 @@ from typing import Any
 
 from fastapi import FastAPI, routing
 from fastapi.routing import APIRoute, iter_route_contexts
+from starlette._utils import get_route_path
 from starlette.convertors import Convertor, PathConvertor
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
@@ -29,14 +34,23 @@ from starlette.types import Receive, Scope, Send
 _selected: Callable[..., None] | None = getattr(routing, "_route_selected", None)
 
 
+# A path's number of segments and its last segment.
+Tail = tuple[int, str]
+
+
 class HotRoutes(BaseRoute):
     def __init__(self, routes: Sequence[APIRoute]) -> None:
-        self._routes = tuple(routes)
         self._methods = frozenset(m for route in routes for m in route.methods or ())
+        self._by_tail: dict[Tail, tuple[APIRoute, ...]] = {}
+        for route in routes:
+            tail = _tail_of(route)
+            self._by_tail[tail] = (*self._by_tail.get(tail, ()), route)
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         if scope["type"] == "http" and scope["method"] in self._methods:
-            for route in self._routes:
+            path = get_route_path(scope)
+            tail = (path.count("/"), path[path.rfind("/") + 1 :])
+            for route in self._by_tail.get(tail, ()):
                 match, child_scope = route.matches(scope)
                 if match is Match.FULL:  # its child scope names the route
                     return match, child_scope
@@ -82,6 +96,15 @@ def install(app: FastAPI, endpoints: Sequence[Callable[..., Any]]) -> None:
                     f"{route.path} may match a path of {other.path or other.original_route}"
                 )
     app.router.routes.insert(0, HotRoutes(hot))
+
+
+def _tail_of(route: APIRoute) -> Tail:
+    """The number of segments and the last one of every path `route` matches; ValueError for
+    a route without them (a parameter last, or one that may hold "/")."""
+    segments = _pattern_of(route)
+    if not segments or not isinstance(segments[-1], str) or None in segments:
+        raise ValueError(f"{route.path}: a hot route's path must end in a literal segment")
+    return len(segments), segments[-1]
 
 
 def _calls(route: Any) -> list[Any]:

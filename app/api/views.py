@@ -132,9 +132,19 @@ def payload_fields(payload: bytes) -> dict[str, Any]:
 
 def job_message(message: Message | PulledJob) -> dict[str, Any]:
     """The message a job carries, as queued-job listings and pulls show it."""
+    try:
+        # A text payload (nearly all) in one dict: a pull answers this 100 times.
+        text = message.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return {
+            "MessageID": message.message_id,
+            **payload_fields(message.payload),
+            "ContentType": message.content_type,
+            "Headers": message.headers,
+        }
     return {
         "MessageID": message.message_id,
-        **payload_fields(message.payload),
+        "Payload": text,
         "ContentType": message.content_type,
         "Headers": message.headers,
     }

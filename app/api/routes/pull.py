@@ -23,7 +23,7 @@ from app.api.openapi import (
 from app.api.responses import JSONResponse, NdjsonStream
 from app.domain.jobs import AckType
 from app.domain.priority import PullPriority
-from app.domain.pulls import AckItem, AckResult, PullRequest
+from app.domain.pulls import AckItem, AckOutcome, AckResult, PullRequest
 
 router = APIRouter(tags=["pull"], route_class=BoundRoute)
 
@@ -51,6 +51,11 @@ def to_pull_request(body: schemas.PullBody, max_expires: float) -> PullRequest:
 
 def ack_item(body: schemas.AckFields, job_id: int) -> AckItem:
     return AckItem(job_id, body.type, body.attempt, body.delay, body.reason, body.counted)
+
+
+def ack_items(raw: bytes) -> list[AckItem]:
+    """A batch ack's body, validated, as the service takes it."""
+    return [ack_item(item, item.id) for item in schemas.parse(schemas.AcksBody, raw).acks]
 
 
 # What became of each ack in a batch, as the status a single ack would answer with.
@@ -197,25 +202,19 @@ async def ack(job_id: str, creds: CredentialsDep, rt: RuntimeDep, request: Reque
 async def ack_many(creds: CredentialsDep, rt: RuntimeDep, request: Request) -> JSONResponse:
 
     async def parse() -> list[AckItem]:
-        body = schemas.parse(schemas.AcksBody, await request_body(request))
-        return [ack_item(item, item.id) for item in body.acks]
+        return ack_items(await request_body(request))
 
     items = await body_after_credentials(request, parse, lambda: rt.pulls.authenticate(creds))
     outcomes = await rt.acks.ack_many(creds, items)
-    return JSONResponse(
-        {
-            "Results": [
-                {
-                    "id": str(o.id),
-                    "status": ACK_STATUS[o.result],
-                    "detail": o.detail,
-                    **(
-                        {"LeaseExpiresAt": views.iso(o.lease_expires_at)}
-                        if o.result is AckResult.EXTENDED
-                        else {}
-                    ),
-                }
-                for o in outcomes
-            ]
-        }
-    )
+    return JSONResponse({"Results": [ack_result(o) for o in outcomes]})
+
+
+def ack_result(outcome: AckOutcome) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "id": str(outcome.id),
+        "status": ACK_STATUS[outcome.result],
+        "detail": outcome.detail,
+    }
+    if outcome.result is AckResult.EXTENDED:
+        result["LeaseExpiresAt"] = views.iso(outcome.lease_expires_at)
+    return result
