@@ -6,13 +6,15 @@ Jobs are counted here, from the database, by the timestamps the broker's own sta
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql as pgsql
 
 from app.domain.tokens import TokenDigest
 
@@ -271,9 +273,89 @@ async def statements(conn: psycopg.AsyncConnection[Any], dbname: str) -> list[di
 
 
 async def explain(
-    conn: psycopg.AsyncConnection[Any], sql: str, params: Sequence[Any] = ()
+    conn: psycopg.AsyncConnection[Any],
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any] = (),
 ) -> list[str]:
     """EXPLAIN (ANALYZE, BUFFERS) inside a transaction that is rolled back."""
     async with conn.transaction(force_rollback=True):
         cursor = await conn.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", params)
         return [str(row[0]) for row in await cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class FunctionQuery:
+    """The query a PL/pgSQL function returns, as the database holds it (pg_proc.prosrc), its
+    arguments made $1, $2 ..., and the settings the function runs it under (its SET clauses)."""
+
+    name: str
+    text: str
+    arg_types: tuple[str, ...]
+    settings: tuple[tuple[str, str], ...]
+
+
+# `RETURN QUERY <query>;` or `RETURN <expression>;`, the body's last statement.
+_RETURNED = re.compile(r"\bRETURN\s+(QUERY\s+)?(.*?);\s*END\b", re.IGNORECASE | re.DOTALL)
+
+
+async def function_query(conn: psycopg.AsyncConnection[Any], name: str) -> FunctionQuery:
+    """What `name` runs, read from the database: a copy kept here could drift from it."""
+    row = await (
+        await conn.execute(
+            """
+            SELECT p.prosrc, p.proargnames, p.proargmodes, p.proconfig,
+                   ARRAY(SELECT format_type(t.oid, NULL)
+                           FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS t(oid, n)
+                          ORDER BY t.n)
+              FROM pg_proc AS p WHERE p.proname = %s
+            """,
+            (name,),
+        )
+    ).fetchone()
+    if row is None:
+        raise LookupError(f"no function {name}")
+    source, arg_names, arg_modes, config, arg_types = row
+    found = _RETURNED.search(source)
+    if found is None:
+        raise ValueError(f"{name}: no RETURN statement in its body")
+    query = found.group(2).strip()
+    if not found.group(1):
+        query = f"SELECT {query}"  # PL/pgSQL evaluates `RETURN expr` as SELECT expr
+    # Input arguments come first in proargnames (modes i/b; no modes: all are inputs). With
+    # `#variable_conflict use_column` a bare name is a variable only where no column has it,
+    # and the bodies qualify their columns, so a name not after a dot is the argument.
+    names = list(arg_names or [])
+    modes = list(arg_modes or ["i"] * len(names))
+    inputs = [arg for arg, mode in zip(names, modes, strict=True) if mode in ("i", "b")]
+    for n, arg in enumerate(inputs, 1):
+        query = re.sub(rf"(?<![.\w]){re.escape(arg)}\b", f"${n}", query)
+    settings = tuple(
+        (key, value) for key, _, value in (str(item).partition("=") for item in config or [])
+    )
+    return FunctionQuery(name, query, tuple(arg_types), settings)
+
+
+async def explain_function(
+    conn: psycopg.AsyncConnection[Any], name: str, args: Sequence[Any]
+) -> list[str]:
+    """The plan of the query inside function `name` for these arguments, planned as the
+    function plans it: a prepared statement under the function's own settings (its
+    plan_cache_mode makes that the generic plan), run by EXPLAIN (ANALYZE, BUFFERS) in a
+    transaction that is rolled back. EXPLAIN of a call shows a Function Scan only."""
+    walk = await function_query(conn, name)
+    statement = pgsql.Identifier(f"bench_{name}_{uuid.uuid4().hex[:8]}")
+    async with conn.transaction(force_rollback=True):
+        for key, value in walk.settings:
+            await conn.execute("SELECT set_config(%s, %s, true)", (key, value))
+        types = pgsql.SQL(", ").join(pgsql.SQL(t) for t in walk.arg_types)
+        await conn.execute(
+            pgsql.SQL("PREPARE {} ({}) AS ").format(statement, types) + pgsql.SQL(walk.text)
+        )
+        values = pgsql.SQL(", ").join(pgsql.Literal(a) for a in args)
+        cursor = await conn.execute(
+            pgsql.SQL("EXPLAIN (ANALYZE, BUFFERS) EXECUTE {} ({})").format(statement, values)
+        )
+        plan = [str(row[0]) for row in await cursor.fetchall()]
+        # A prepared statement is the session's: the rollback would leave it behind.
+        await conn.execute(pgsql.SQL("DEALLOCATE {}").format(statement))
+    return plan

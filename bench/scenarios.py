@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from bench import db, profile, redelivery, retention
+from bench import db, plans, profile, redelivery, retention
 from bench.broker import (
     PRODUCER,
     PUB_CONSUMERS,
@@ -1467,77 +1467,24 @@ class Runner:
         return out
 
     async def explain_claim(self, consumer: str) -> list[str]:
-        sql = (
-            "UPDATE job SET status='INFLIGHT', attempt=job.attempt + 1, incremental_timeout=0, "
-            "lease_expires_at=now() + CAST(32 AS FLOAT) * interval '1 second', "
-            "claimed_at=now(), status_changed_at=now() WHERE job.id IN (SELECT job.id FROM job "
-            "WHERE job.consumer_pk = %s AND job.status = 'QUEUED' "
-            "AND job.earliest_next_attempt_at <= now() ORDER BY job.priority DESC, job.id "
-            "LIMIT %s FOR UPDATE SKIP LOCKED) AND job.status = 'QUEUED' RETURNING job.*"
-        )
-        return await db.explain(self.env.conn, sql, (self.env.pks[consumer], self.s.batch))
+        """The claim an HTTP pull of this consumer runs, and the queue walk inside it."""
+        env = self.env
+        named = await plans.pulling(env.conn, env.consumer_spec(consumer))
+        return await plans.claim_plans(env.conn, named, env.pks[consumer], batch=self.s.batch)
 
     async def explain_stats(self, consumer: str) -> list[str]:
-        sql = (
-            "SELECT count(*) FILTER (WHERE status = 'QUEUED' AND earliest_next_attempt_at <= "
-            "now()), coalesce(sum(payload_size) FILTER (WHERE status = 'QUEUED' AND "
-            "earliest_next_attempt_at <= now()), 0), min(earliest_next_attempt_at) FILTER "
-            "(WHERE status = 'QUEUED'), count(*) FILTER (WHERE status = 'INFLIGHT') FROM job "
-            "WHERE consumer_pk = %s AND status IN ('QUEUED', 'INFLIGHT')"
-        )
-        return await db.explain(self.env.conn, sql, (self.env.pks[consumer],))
+        """The count of due jobs each pull reports (the claim's and the scheduler's)."""
+        return await plans.pending_plan(self.env.conn, self.env.pks[consumer], self.s.batch)
 
     async def explain_acks(self) -> None:
-        """The batch ack as the broker renders it ((id, attempt) IN (...)) and as = ANY."""
+        """The broker's batch ack with many jobs in flight, as slow workers or a long lease
+        leave them."""
         env = self.env
-        pk = env.pks["large"]
-        inflight = int(
-            await db.scalar(
-                env.conn,
-                "SELECT count(*) FROM job WHERE consumer_pk = %s AND status = 'INFLIGHT'",
-                (pk,),
-            )
+        consumer = "large"
+        named = await plans.pulling(env.conn, env.consumer_spec(consumer))
+        self.plans["batch ack, many in flight"] = await plans.ack_plan(
+            env.conn, named, batch=self.s.batch, inflight=20_000
         )
-        async with env.conn.transaction(force_rollback=True):
-            # Leave many jobs in flight, as slow consumers or a long lease would.
-            await env.conn.execute(
-                "UPDATE job SET status = 'INFLIGHT', attempt = attempt + 1 WHERE id IN "
-                "(SELECT id FROM job WHERE consumer_pk = %s AND status = 'QUEUED' "
-                "ORDER BY priority DESC, id LIMIT 20000)",
-                (pk,),
-            )
-            rows = await (
-                await env.conn.execute(
-                    "SELECT id, attempt FROM job WHERE consumer_pk = %s AND status = 'INFLIGHT' "
-                    "ORDER BY id DESC LIMIT %s",
-                    (pk, self.s.batch),
-                )
-            ).fetchall()
-            pairs = ", ".join(f"({i}, {a})" for i, a in rows)
-            base = (
-                "UPDATE job SET status = 'DELIVERED', lease_expires_at = NULL, "
-                "status_changed_at = now() WHERE job.consumer_pk = %s "
-                "AND job.status = 'INFLIGHT' AND "
-            )
-            async with env.conn.transaction(force_rollback=True):
-                cursor = await env.conn.execute(
-                    f"EXPLAIN (ANALYZE, BUFFERS) {base}(job.id, job.attempt) IN ({pairs})", (pk,)
-                )
-                self.plans["batch ack as rendered: (id, attempt) IN (...)"] = shorten(
-                    [str(r[0])[:300] for r in await cursor.fetchall()]
-                )
-            ids = [i for i, _ in rows]
-            attempts = [a for _, a in rows]
-            async with env.conn.transaction(force_rollback=True):
-                cursor = await env.conn.execute(
-                    f"EXPLAIN (ANALYZE, BUFFERS) {base}job.id = ANY(%s) AND "
-                    "(job.id, job.attempt) IN (SELECT * FROM unnest(%s::bigint[], %s::int[]))",
-                    (pk, ids, ids, attempts),
-                )
-                self.plans["batch ack proposed: id = ANY(...) + unnest pairs"] = shorten(
-                    [str(r[0])[:300] for r in await cursor.fetchall()]
-                )
-        self.plans["(context)"] = [f"{inflight + 20000} jobs INFLIGHT for the consumer"]
 
     # -- retention (issue 42) ---------------------------------------------------------------------
 
