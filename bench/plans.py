@@ -113,4 +113,4 @@ async def ack_plan(
         sql, params = ack_statement(named, pairs)
         plan = await db.explain(conn, sql, params)
     what = f"app.store.queue.ack_sql '{named.key}'"
-    return titled(f"batch ack of {len(pairs)} ({what}), {len(rows)} in flight", plan)
+    return titled(f"batch ack of {len(pairs)} ({what}), {len(rows)} claimed before it", plan)

@@ -92,7 +92,7 @@ async def test_pending_count_and_batch_ack_plans(
         "ix_job_claim" in line for line in pending
     )
     ack = await plans.ack_plan(conn, named, batch=BATCH, inflight=30)
-    assert "batch ack of 5" in ack[0] and "30 in flight" in ack[0], ack
+    assert "batch ack of 5" in ack[0] and "30 claimed before it" in ack[0], ack
     assert any(line.lstrip().startswith("Update on job") for line in ack), ack
     assert any(f"rows={BATCH} " in line and "Update on job" in line for line in ack), ack
     assert await statuses(conn) == {"QUEUED": QUEUED}
