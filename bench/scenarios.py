@@ -1460,9 +1460,9 @@ class Runner:
             )
             m.extra["backlog"] = size
             self.plans[f"claim, {consumer} backlog"] = await self.explain_claim(consumer)
-            self.plans[f"queue stats per pull, {consumer} backlog"] = await self.explain_stats(
-                consumer
-            )
+            self.plans[
+                f"pending count per pull (due_jobs_ahead), {consumer} backlog"
+            ] = await self.explain_stats(consumer)
             out.append(self.keep(m))
         return out
 
