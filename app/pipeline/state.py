@@ -107,21 +107,27 @@ WITH gone AS (
     DELETE FROM message m USING archive_batch_message b
      WHERE b.batch_id = %(batch_id)s AND NOT b.kept AND m.pk = b.message_pk
        AND NOT EXISTS (SELECT 1 FROM job j WHERE j.message_pk = m.pk)
-    RETURNING m.channel_id, m.message_id
+    RETURNING m.pk, m.channel_id, m.message_id
 ), forgotten AS (
     DELETE FROM message_key k USING gone
      WHERE k.channel_id = gone.channel_id AND k.message_id = gone.message_id
+       AND k.message_pk = gone.pk
 )
 SELECT count(*) FROM gone
 """
 
-# A message the delete above left (a job still points at it) is kept, as _MARK_KEPT's are:
-# it stays in the database and its batch is not finalized.
-_KEEP_LEFT = """
-UPDATE archive_batch_message b SET kept = true
+# A message the delete above left: a job was made for it after _MARK_KEPT without the message's
+# lock (every such insert takes one). Its planned jobs are deleted already, so the transaction
+# rolls back rather than keep it: the batch stays EXPORTED and the next run's _MARK_KEPT keeps
+# the message with its jobs.
+_LEFT = """
+SELECT count(*) FROM archive_batch_message b JOIN message m ON m.pk = b.message_pk
  WHERE b.batch_id = %(batch_id)s AND NOT b.kept
-   AND EXISTS (SELECT 1 FROM message m WHERE m.pk = b.message_pk)
 """
+
+
+class ArchiveRace(RuntimeError):
+    """A batch's delete found a message it had planned to delete given a new job meanwhile."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +197,10 @@ class BatchStore:
         return [str(r[0]) for r in rows]
 
     def partitions_in_flight(self) -> list[str]:
-        """Job partitions exported but not yet dropped by the broker. A detached one keeps its
-        foreign keys, so deleting a message of its jobs would delete them there too, unseen
-        by the counts its drop takes them out of: no batch is planned meanwhile."""
+        """Job partitions exported but not yet dropped by the broker. A detached one's rows are
+        not in job, so a message of its jobs would look jobless to the planner, while its drop
+        may re-home some of them (a redrive woke them) onto that message: no batch is planned
+        meanwhile."""
         with self._conn.transaction():
             rows = self._conn.execute(
                 "SELECT name FROM job_partition WHERE status IN ('EXPORTED', 'DETACHED')"
@@ -283,7 +290,12 @@ class BatchStore:
             jobs = int(row[0]) if row else 0
             row = self._conn.execute(_DELETE_MESSAGES, params).fetchone()
             messages = int(row[0]) if row else 0
-            self._conn.execute(_KEEP_LEFT, params)
+            row = self._conn.execute(_LEFT, params).fetchone()
+            if row and row[0]:
+                raise ArchiveRace(
+                    f"batch {batch_id}: {row[0]} archived messages got a job during the delete;"
+                    " rolled back, the next run keeps them"
+                )
             row = self._conn.execute(
                 "SELECT count(*) FROM archive_batch_message WHERE batch_id = %s AND kept",
                 (batch_id,),

@@ -179,7 +179,9 @@ class MessageStore:
         await self._tx.conn.execute(delete(job).where(job.c.message_pk == found))
         await self._tx.conn.execute(
             delete(message_key).where(
-                message_key.c.channel_id == channel_id, message_key.c.message_id == message_id
+                message_key.c.channel_id == channel_id,
+                message_key.c.message_id == message_id,
+                message_key.c.message_pk == found,
             )
         )
         await LedgerStore(self._tx).removed(owed)

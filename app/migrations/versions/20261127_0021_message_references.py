@@ -71,8 +71,11 @@ def upgrade() -> None:
             batch.drop_constraint(KEY_FK, type_="foreignkey")
         return
     # Every foreign key that points at message: job's and message_key's, and the copy of its
-    # own that a job partition detached but not yet dropped keeps. Dropping a key takes a
-    # brief ACCESS EXCLUSIVE lock on both tables; nothing is read or rewritten.
+    # own that a job partition detached but not yet dropped keeps. Dropping a key takes an
+    # ACCESS EXCLUSIVE lock on both tables (nothing is read or rewritten): all taken first, in
+    # one order, so that no publish holding one of them while it waits for another deadlocks
+    # with this.
+    op.execute("LOCK TABLE message, message_key, job IN ACCESS EXCLUSIVE MODE")
     bind = op.get_bind()
     rows = bind.execute(
         sa.text(
