@@ -404,7 +404,6 @@ def test_template_is_generated_from_the_key_table() -> None:
 
 # Keys of the Go original that we accept but do not act on (checked by hand against app/).
 NOT_IMPLEMENTED = [
-    "[rdbms] connxn-max-idle-time-seconds",
     "[log] max-file-size-in-mb",
     "[log] max-backups",
     "[log] max-age-in-days",
@@ -524,7 +523,7 @@ def test_start_warns_once_naming_each_not_implemented_key(
     layers["explicit"].write_text(
         "[log]\nmax-backups=3\n[broker]\npriority-dispatcher-enabled=true\nmax-retry=2\n"
     )
-    monkeypatch.setenv("WEBHOOK_BROKER__RDBMS__CONNXN_MAX_IDLE_TIME_SECONDS", "0")
+    monkeypatch.setenv("WEBHOOK_BROKER__LOG__MAX_AGE_IN_DAYS", "28")
     # Only the start-up path is under test: keep caplog's handler, skip the migration.
     monkeypatch.setattr(cli, "setup_logging", lambda config: None)
     monkeypatch.setattr(cli, "migrate", lambda config: None)
@@ -535,7 +534,7 @@ def test_start_warns_once_naming_each_not_implemented_key(
     for name in (
         "[log] max-backups",
         "[broker] priority-dispatcher-enabled",
-        "[rdbms] connxn-max-idle-time-seconds",
+        "[log] max-age-in-days",
     ):
         assert name in warnings[0]
     assert "max-retry" not in warnings[0]

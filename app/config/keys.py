@@ -286,8 +286,10 @@ SECTIONS: tuple[Section, ...] = (
                 "connxn-max-idle-time-seconds",
                 "0",
                 _non_negative_int,
-                "Seconds an idle pooled connection may live (0 = no limit).",
-                implemented=False,
+                "Seconds a pooled connection may sit unused before it is closed and replaced at "
+                "its next use (0 = no limit). Unused for a minute or more, a connection is "
+                "checked with a round trip before it is handed out, whatever this says.",
+                attr="pool_max_idle_seconds",
             ),
             Key(
                 "connxn-max-lifetime-seconds",

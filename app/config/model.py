@@ -30,6 +30,7 @@ class DatabaseConfig:
     pool_size: int = _POOL[0]
     max_overflow: int = _POOL[1]
     pool_recycle_seconds: int = default("rdbms", "connxn-max-lifetime-seconds")
+    pool_max_idle_seconds: int = default("rdbms", "connxn-max-idle-time-seconds")
     replica_url: str = default("rdbms", "replica-url")
     replica_max_lag_seconds: float = default("rdbms", "replica-max-lag")
     partition_interval_seconds: float = default("rdbms", "partition-interval")

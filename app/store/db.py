@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import psycopg
 from sqlalchemy import ColumnElement, Float, Table, cast, event, func, literal_column, text
@@ -65,16 +65,29 @@ class Database:
     """The engine and the one way services open transactions."""
 
     def __init__(
-        self, engine: AsyncEngine, dialect: str, url: str, waker: Waker | None = None
+        self,
+        engine: AsyncEngine,
+        dialect: str,
+        url: str,
+        waker: Waker | None = None,
+        *,
+        max_idle_seconds: float = 0,
     ) -> None:
         self.engine = engine
         self.dialect = dialect
         self.url = url  # as configured (held connections open with it)
         self.waker = waker
+        self.max_idle_seconds = max_idle_seconds  # [rdbms] connxn-max-idle-time-seconds
 
     @classmethod
     def from_config(cls, config: DatabaseConfig, waker: Waker | None = None) -> Database:
-        return cls(create_engine(config), config.dialect, config.connection_url, waker)
+        return cls(
+            create_engine(config),
+            config.dialect,
+            config.connection_url,
+            waker,
+            max_idle_seconds=config.pool_max_idle_seconds,
+        )
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
@@ -173,7 +186,7 @@ class Database:
         SQLite, whose one connection is the pool's)."""
         if self.dialect != "postgresql":
             return None
-        return Held(libpq_url(self.url), size)
+        return Held(libpq_url(self.url), size, max_idle_seconds=self.max_idle_seconds)
 
     async def schema_revisions(self) -> frozenset[str]:
         """The Alembic revisions the database is at (empty before the first migration)."""
@@ -213,10 +226,21 @@ class Held:
     autocommit switch each side of it, which cost a dispatcher more of its Python thread than
     decoding the rows (docs/performance.md, "Why the hot paths look as they do"). Connections
     open on first use; one that fails (or whose statement is cancelled) is closed and opened
-    again on the next use."""
+    again on the next use; one unused for a while is checked or replaced first, as the pool's
+    are (idle_verdict)."""
 
-    def __init__(self, url: str, size: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        size: int,
+        *,
+        max_idle_seconds: float = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._url = url
+        self._max_idle = max_idle_seconds
+        self._clock = clock
+        self._used: dict[psycopg.AsyncConnection[Any], float] = {}  # when each went back
         # A slot holds an open connection, or None: one to open when it is next used. Last in,
         # first out: the connection used last has the statements prepared (as the pool's).
         self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.LifoQueue()
@@ -236,22 +260,46 @@ class Held:
             try:
                 if self._closed:
                     raise psycopg.InterfaceError("the held connections are closed")
+                if conn is not None and not conn.closed:
+                    conn = await self._checked(conn)
                 if conn is None or conn.closed:
                     if conn is not None:
-                        self._open.discard(conn)
+                        self._forget(conn)
                     conn = await psycopg.AsyncConnection.connect(
                         self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
                     )
                     self._open.add(conn)
                 rows = await execute(conn, sql, params, prepare)
                 kept = conn
+                self._used[conn] = self._clock()
                 return rows
             finally:
                 # The slot goes back first, whatever closing a failed connection does.
                 self._slots.put_nowait(kept)
                 if kept is None and conn is not None:
-                    self._open.discard(conn)
+                    self._forget(conn)
                     await conn.close()
+
+    async def _checked(
+        self, conn: psycopg.AsyncConnection[Any]
+    ) -> psycopg.AsyncConnection[Any] | None:
+        """`conn`, or None when it was unused too long or fails its check (then closed)."""
+        verdict = idle_verdict(self._clock() - self._used.get(conn, self._clock()), self._max_idle)
+        if verdict == "ping":
+            try:
+                await conn.execute("SELECT 1")
+                return conn
+            except psycopg.Error:
+                pass
+        elif verdict == "use":
+            return conn
+        self._forget(conn)
+        await conn.close()
+        return None
+
+    def _forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._open.discard(conn)
+        self._used.pop(conn, None)
 
     async def close(self) -> None:
         self._closed = True
@@ -297,7 +345,57 @@ def _payload(consumer_pks: set[int]) -> str:
     return payload if len(payload) <= MAX_NOTIFY_PAYLOAD else "*"
 
 
-def create_engine(config: DatabaseConfig) -> AsyncEngine:
+# A pooled connection unused this long is checked with a round trip before it goes out. Handed
+# out last-returned-first (below), the connections at the bottom of the pool sit unused through
+# every lull, where a server's idle_session_timeout, a pooler or a NAT may drop them; a busy
+# connection is never checked, so the hot path pays nothing.
+IDLE_PING_SECONDS = 60.0
+
+IdleVerdict = Literal["use", "ping", "replace"]
+
+
+def idle_verdict(idle_seconds: float, max_idle_seconds: float) -> IdleVerdict:
+    """What a connection unused for `idle_seconds` needs before it is handed out, under
+    `[rdbms] connxn-max-idle-time-seconds` (0: no limit)."""
+    if max_idle_seconds > 0 and idle_seconds > max_idle_seconds:
+        return "replace"
+    if idle_seconds >= IDLE_PING_SECONDS:
+        return "ping"
+    return "use"
+
+
+class IdleGuard:
+    """The pool's checkin/checkout hooks that apply idle_verdict. A connection to replace, or
+    one whose check fails, is refused with DisconnectionError: the pool closes it and opens a
+    new one for the same checkout."""
+
+    def __init__(
+        self, engine: AsyncEngine, max_idle_seconds: float, clock: Callable[[], float]
+    ) -> None:
+        self._dialect = engine.dialect
+        self._max_idle = max_idle_seconds
+        self._clock = clock
+
+    def checkin(self, _dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = self._clock()
+
+    def checkout(self, dbapi_connection: Any, record: ConnectionPoolEntry, _proxy: Any) -> None:
+        since = record.info.pop("idle_since", None)
+        if since is None:  # new: never handed out yet
+            return
+        verdict = idle_verdict(self._clock() - since, self._max_idle)
+        if verdict == "replace":
+            raise sa_exc.DisconnectionError("unused past [rdbms] connxn-max-idle-time-seconds")
+        if verdict == "ping":
+            try:
+                self._dialect.do_ping(dbapi_connection)
+            except Exception as exc:
+                raise sa_exc.DisconnectionError("an idle connection failed its check") from exc
+
+
+def create_engine(
+    config: DatabaseConfig, *, clock: Callable[[], float] = time.monotonic
+) -> AsyncEngine:
     if config.dialect == "sqlite":
         # One connection serialises SQLite access in this process; BEGIN IMMEDIATE takes the
         # write lock up front so other processes wait (busy_timeout) instead of failing on upgrade.
@@ -307,13 +405,14 @@ def create_engine(config: DatabaseConfig) -> AsyncEngine:
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
         event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         config.sqlalchemy_url,
         pool_size=config.pool_size,
         max_overflow=config.max_overflow,
         pool_recycle=config.pool_recycle_seconds or -1,
-        # No pre-ping: it costs a round trip per transaction. A connection the server dropped
-        # fails its statement once, is discarded by the pool, and the next request gets a new one.
+        # No pre-ping: it costs a round trip per transaction. A connection unused for a while
+        # is checked instead (IdleGuard); one the server dropped while in use fails its
+        # statement once, is discarded by the pool, and the next request gets a new one.
         pool_pre_ping=False,
         # The connection returned last goes out first: a hot statement is prepared (and its
         # generic plan made) on each connection it runs on, and handed out in turn (FIFO) every
@@ -322,6 +421,10 @@ def create_engine(config: DatabaseConfig) -> AsyncEngine:
         # Statement parameters hold tokens; tracebacks of database errors must not show them.
         hide_parameters=True,
     )
+    guard = IdleGuard(engine, config.pool_max_idle_seconds, clock)
+    event.listen(engine.sync_engine.pool, "checkin", guard.checkin)
+    event.listen(engine.sync_engine.pool, "checkout", guard.checkout)
+    return engine
 
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
