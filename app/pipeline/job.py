@@ -21,7 +21,7 @@ from app.domain.replica import ReadFrom
 from app.logging import warn_ignored_keys
 from app.pipeline.archive import Archiver, StepHook
 from app.pipeline.db import LockMode, PipelineLocked, connect, jdbc_target, pipeline_lock
-from app.pipeline.partitions import PartitionArchiver, PartitionHook
+from app.pipeline.partitions import MessagePartitionArchiver, PartitionArchiver, PartitionHook
 from app.pipeline.progress import Progress, summary_line
 from app.pipeline.replica import ExportReads, report_source
 from app.pipeline.report import Reporter
@@ -175,7 +175,8 @@ def _run_locked(
     reads = ExportReads(config.database, pipeline.replica_wait_seconds, progress, on_wait=wait_hook)
     # With partitions rotating, jobs leave with their partition (app/pipeline/partitions.py)
     # and the batches take only messages no job refers to any more: no statuses count as
-    # finished, so a message with any job left is not planned.
+    # finished, so a message with any job left is not planned. A message partition nothing
+    # points into leaves whole too, and the batches leave its messages alone (state.py).
     by_partition = config.database.partition_interval_seconds > 0
     with connect(config.database.connection_url) as conn:
         store = BatchStore(conn, () if by_partition else pipeline.terminal_statuses)
@@ -194,6 +195,12 @@ def _run_locked(
         session = spark or build_session(pipeline, master)
         try:
             if command in ("archive", "all") and not dry_run and by_partition:
+                # Message partitions first: a job partition marked below counts as pointing
+                # into every message partition until the broker has dropped it.
+                whole = MessagePartitionArchiver(
+                    session, pipeline, reads, conn, progress, partition_hook
+                )
+                result["message_partitions"] = whole.run().as_dict()
                 parts = PartitionArchiver(session, pipeline, reads, conn, progress, partition_hook)
                 result["partitions"] = parts.run().as_dict()
             waiting = store.partitions_in_flight() if by_partition else []

@@ -29,7 +29,28 @@ _JOB_FINGERPRINT = """
         j.timeout_count, extract(epoch FROM j.status_changed_at)), ',' ORDER BY j.id), ''))
 """
 
+# The message partitions whose messages the batches leave alone (ranges of pk, computed once a
+# statement): those exported whole or on their way out, and those the partition archive takes
+# whole (app/pipeline/partitions.py, which runs first): closed before the cutoff with no job
+# pointing into them (app/store/partitions.py REFERENCED; a job partition exported or detached
+# counts as pointing into every one). A message is archived once, by one path or the other.
+_WHOLE = """
+whole AS MATERIALIZED (
+    SELECT coalesce(p.lower_id, -9223372036854775807 - 1) AS low, p.upper_id AS high
+      FROM message_partition p
+     WHERE p.status <> 'ATTACHED'
+        OR (p.closed_at IS NOT NULL AND p.closed_at <= {cutoff}
+            AND NOT EXISTS (SELECT 1 FROM job x
+                             WHERE x.message_pk >= coalesce(p.lower_id, -9223372036854775807 - 1)
+                               AND x.message_pk < p.upper_id)
+            AND NOT EXISTS (SELECT 1 FROM job_partition q
+                             WHERE q.status IN ('EXPORTED', 'DETACHED')))
+)"""
+
+_NOT_WHOLE = "NOT EXISTS (SELECT 1 FROM whole w WHERE m.pk >= w.low AND m.pk < w.high)"
+
 _PLAN_MEMBERS = f"""
+WITH {_WHOLE.format(cutoff="%(cutoff)s")}
 INSERT INTO archive_batch_message (batch_id, message_pk, job_count, jobs_hash)
 SELECT %(batch_id)s, picked.pk, count(j.id), {_JOB_FINGERPRINT}
   FROM (SELECT m.pk
@@ -38,19 +59,22 @@ SELECT %(batch_id)s, picked.pk, count(j.id), {_JOB_FINGERPRINT}
            AND m.pk > %(after)s
            AND NOT EXISTS (SELECT 1 FROM job x
                             WHERE x.message_pk = m.pk AND x.status <> ALL(%(terminal)s))
+           AND {_NOT_WHOLE}
          ORDER BY m.pk
          LIMIT %(limit)s) AS picked
   LEFT JOIN job j ON j.message_pk = picked.pk
  GROUP BY picked.pk
 """
 
-_ELIGIBLE = """
+_ELIGIBLE = f"""
+WITH {_WHOLE.format(cutoff="now() - make_interval(days => %(days)s)")}
 SELECT count(*) AS messages, coalesce(sum(n), 0) AS jobs
   FROM (SELECT (SELECT count(*) FROM job j WHERE j.message_pk = m.pk) AS n
           FROM message m
          WHERE m.received_at < now() - make_interval(days => %(days)s)
            AND NOT EXISTS (SELECT 1 FROM job x
-                            WHERE x.message_pk = m.pk AND x.status <> ALL(%(terminal)s))) AS e
+                            WHERE x.message_pk = m.pk AND x.status <> ALL(%(terminal)s))
+           AND {_NOT_WHOLE}) AS e
 """
 
 # The batch's messages first (FOR UPDATE, in pk order): a history copy of the NATS bridge that

@@ -17,10 +17,11 @@ run that stopped anywhere is finished by the next.
 `message` is split the same way by its pk (migration 0020_message_partitions), its partitions
 made and rotated with the job table's, their state in `message_partition`. Messages never move
 (their pk is the NATS bridge's stream sequence and what jobs point at), so a message partition
-goes only once nothing of it is left to keep: closed, past the retention, its messages archived
-(the batch archive deletes those no job refers to any more, with their keys in message_key; a
-partition left empty is marked EXPORTED here), and no job pointing into it; the keys of a
-partition exported whole go before its detach.
+goes only once no job points into it: closed, past the retention, its messages archived (the
+pipeline exports it whole once nothing points into it, app/pipeline/partitions.py; until then
+the batch archive deletes those no job refers to any more, with their keys in message_key, and
+a partition they leave empty is marked EXPORTED here); the keys of a partition exported whole
+go before its detach, and its drop first makes sure no job came meanwhile.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 from sqlalchemy import text
 
 from app.domain.counters import COUNTER_SHARDS
-from app.store.db import Database
+from app.store.db import Database, Tx
 from app.store.schema import JOB_PARTITION_WITH
 
 SPAN = 1 << 32  # ids per partition; 2**21 rotations stay below 2**53 (JavaScript's integers)
@@ -208,6 +209,23 @@ DELETE FROM message_key WHERE (channel_id, message_id) IN (
 """
 
 EXISTS = "SELECT to_regclass(:name) IS NOT NULL"
+
+# A detached message partition's bounds, its state row locked (two sweepers: one re-attaches).
+DETACHED_BOUNDS = """
+SELECT lower_id, upper_id FROM message_partition
+WHERE name = :name AND status = 'DETACHED' FOR UPDATE
+"""
+
+# Jobs pointing into a detached message partition: made by a history copy whose statement
+# still saw the partition, committed before its DETACH ... CONCURRENTLY finished (which waits
+# for every such statement). Asked again before the drop, which would leave them pointing at
+# nothing: the partition goes back in its place instead, EXPORTED, and waits for them.
+POINTED_INTO = "SELECT EXISTS (SELECT 1 FROM job WHERE message_pk >= :low AND message_pk < :high)"
+
+MARK_REATTACHED = """
+UPDATE message_partition SET status = 'EXPORTED', changed_at = now()
+WHERE name = :name AND status = 'DETACHED'
+"""
 
 # Rows of a detached partition that are not finished (a redrive replayed them after the export):
 # back into job with new ids, where their consumer and message still exist. Each message is
@@ -425,6 +443,8 @@ class PartitionStore:
         transaction, with the state's change."""
         name = _ident(name, self._of)
         async with self._db.transaction() as tx:
+            if self._of is MESSAGES and await self._reattached(tx, name):
+                return False
             done = await tx.conn.execute(text(self._sql(MARK_DROPPED)), {"name": name})
             if done.scalar_one_or_none() is None:
                 return False
@@ -437,4 +457,26 @@ class PartitionStore:
                     )
                     await tx.conn.execute(text(UNCOUNT.format(name=name, shards=COUNTER_SHARDS)))
                 await tx.conn.execute(text(f"DROP TABLE {name}"))
+        return True
+
+    async def _reattached(self, tx: Tx, name: str) -> bool:
+        """A detached message partition that a job points into, attached again (its CHECK
+        from the detach spares the scan) and EXPORTED; False: nothing points into it."""
+        bounds = (await tx.conn.execute(text(DETACHED_BOUNDS), {"name": name})).first()
+        if bounds is None:
+            return False
+        lower, upper = bounds[0], int(bounds[1])
+        low = MIN_ID if lower is None else int(lower)
+        pointed = await tx.conn.execute(text(POINTED_INTO), {"low": low, "high": upper})
+        if (
+            not pointed.scalar_one()
+            or not (await tx.conn.execute(text(EXISTS), {"name": name})).scalar_one()
+        ):
+            return False
+        start = "MINVALUE" if lower is None else str(low)
+        # SHARE UPDATE EXCLUSIVE on message, as a partition made ahead takes: publishes and
+        # reads go on.
+        bounds_sql = f"FOR VALUES FROM ({start}) TO ({upper})"
+        await tx.conn.execute(text(f"ALTER TABLE message ATTACH PARTITION {name} {bounds_sql}"))
+        await tx.conn.execute(text(MARK_REATTACHED), {"name": name})
         return True
