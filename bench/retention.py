@@ -7,7 +7,8 @@ Each variant has a database and a broker of its own (`webhook-broker api` x api-
 the variants' cycles alternate, so both see the same machine. A cycle:
 
 1. fill: a block of jobs, written by the publish statement's set-based form (message rows by
-   generate_series, one QUEUED job each, the ledger's published count), then ANALYZE;
+   generate_series with their keys in message_key, one QUEUED job each, the ledger's
+   published count), then ANALYZE;
 2. deliver the block: HTTP pull(batch) + batch ack by `pollers` clients in a process of their
    own (`python -m bench.retention deliver`), until the block is delivered;
 3. once a quarter of the block is delivered (`LEAD`), archive the previous block, while the
@@ -15,11 +16,13 @@ the variants' cycles alternate, so both see the same machine. A cycle:
    a process of its own (Spark local mode, a JVM per run) at [pipeline] niceness 19, its
    exports reading a streaming replica of the run's cluster (devtools/replica.py, started
    under `nice -n 19`, made once for the run and shared by both variants) once it has
-   replayed past the primary; `partitions` exports the closed partition and marks it; the
-   sweeper's own round (RetentionService.run_round, its interval not over) detaches it
-   CONCURRENTLY and drops it; a second archive run takes the messages whose jobs left with
-   it, and the round again finishes whatever that leaves (message partitions, where the
-   message table has them);
+   replayed past the primary; `partitions` exports the closed job partition and, first, the
+   message partition whose jobs left with the job partition the cycle before (no job points
+   into it any more), and marks them; the sweeper's own round (RetentionService.run_round,
+   its interval not over) detaches both CONCURRENTLY and drops them (the message partition's
+   keys leave message_key first). One archive run a cycle, no row deleted: a block's messages
+   leave a cycle after its jobs, so the message table holds two blocks where the job table
+   holds one;
    `deletes` runs the same archive with partition-interval off, which exports the block in
    batches of the default batch-size (100,000) and deletes their rows, as today;
 4. `partitions`: the block's partition closes (RetentionService.maintain, the sweeper's rotation,
@@ -97,7 +100,12 @@ WITH allowed AS (
     SELECT allowed.id, %(prefix)s || g, %(producer)s, convert_to(%(payload)s, 'UTF8'),
            'application/json', 0, '{}'::json, now()
     FROM allowed, generate_series(1, %(n)s) AS g
-    RETURNING pk, received_at
+    RETURNING pk, channel_id, message_id, received_at
+), keyed AS (
+    -- The publish's duplicate check: the keys leave again with their messages (the row
+    -- archive's delete) or their partition (the sweeper's, before the detach).
+    INSERT INTO message_key (channel_id, message_id, message_pk)
+    SELECT channel_id, message_id, pk FROM stored
 ), fanned AS (
     INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
                      earliest_next_attempt_at, status_changed_at, created_at)
@@ -398,6 +406,7 @@ class Variant:
             if summary.get("status") != "ok":
                 raise RuntimeError(f"pipeline archive ({self.name}): {summary.get('error')}")
             read_from = Counter(summary.get("partitions", {}).get("read_from", {}))
+            read_from.update(summary.get("message_partitions", {}).get("read_from", {}))
             read_from.update(summary.get("archive", {}).get("read_from", {}))
             steps[step]["read_from"] = dict(read_from)
             return summary
@@ -414,13 +423,15 @@ class Variant:
         first = await pipeline("archive")
         if self.partitions:
             steps["archive"]["exported"] = first.get("partitions", {}).get("exported", [])
-            # The sweeper's round (its interval not over: no rotation) detaches and drops it.
+            # The message partition whose jobs left with the previous cycle's job partition,
+            # exported whole by the same run (the one before it still has this block's jobs
+            # pointing into it: it goes next cycle).
+            whole = first.get("message_partitions", {})
+            steps["archive"]["messages_exported"] = whole.get("exported", [])
+            steps["archive"]["messages"] = whole.get("messages", 0)
+            # The sweeper's round (its interval not over: no rotation) detaches and drops the
+            # job partition, then forgets the message partition's keys, detaches and drops it.
             await sweeper_round("detach+drop")
-            # The messages whose jobs left with the partition, by the batch archive, and what
-            # the round does once they are gone.
-            second = await pipeline("messages")
-            steps["messages"]["archived"] = second.get("archive", {}).get("archived_messages", 0)
-            await sweeper_round("after messages")
         else:
             steps["archive"]["archived_jobs"] = first.get("archive", {}).get("archived_jobs", 0)
         # The bench keeps no archive: 20M jobs of Parquet would only fill the disk.
@@ -763,8 +774,8 @@ def measured(variant: Variant, elapsed: float) -> list[Measured]:
         "database": variant.dbname,
         "outside": variant.outside.as_dict(),
         "during": variant.during.as_dict(),
-        "fill": "publish statement's set-based form (message rows by generate_series, one job "
-        "per message, the published count), chunks of " + f"{FILL_CHUNK:,}",
+        "fill": "publish statement's set-based form (message rows by generate_series and their "
+        "keys, one job per message, the published count), chunks of " + f"{FILL_CHUNK:,}",
     }
     rows[1].extra["retention"] = summary
     return rows

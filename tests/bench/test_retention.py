@@ -84,24 +84,40 @@ async def test_retention_cycles_both_variants_and_reports_them(
                 assert c["archive_s"] > 0
                 steps = c["archive_steps"]
                 if variant == "partitions":
-                    assert len(steps["archive"]["exported"]) == 1
-                    assert steps["detach+drop"]["dropped"] == steps["archive"]["exported"]
-                    assert steps["messages"]["archived"] == BLOCK
+                    # One run: the block's job partition, and the message partition of the
+                    # block before it (whose jobs left a cycle ago), each whole.
+                    archived = steps["archive"]
+                    assert len(archived["exported"]) == 1
+                    assert len(archived["messages_exported"]) == (c["cycle"] >= 2)
+                    assert archived["messages"] == (BLOCK if c["cycle"] >= 2 else 0)
+                    assert steps["detach+drop"]["dropped"] == (
+                        archived["exported"] + archived["messages_exported"]
+                    )
+                    assert "messages" not in steps  # no second run, no row deletes
                 else:
                     assert steps["archive"]["archived_jobs"] == BLOCK
             if variant == "partitions":
                 assert all(c["rotated_to"] for c in cycles)
             url = database(pg_base_url, summary["database"])
-            # What is left is the last block, delivered and not yet archived.
+            # What is left is the last block, delivered and not yet archived (and, by
+            # partitions, the messages of the block before it, which leave next cycle).
             assert scalar(url, "SELECT count(*) FROM job WHERE status = 'DELIVERED'") == BLOCK
             assert scalar(url, "SELECT count(*) FROM job") == BLOCK
-            assert scalar(url, "SELECT count(*) FROM message") == BLOCK
+            kept = 2 if variant == "partitions" else 1
+            assert scalar(url, "SELECT count(*) FROM message") == kept * BLOCK
+            assert scalar(url, "SELECT count(*) FROM message_key") == kept * BLOCK
             dropped = scalar(
                 url,
                 "SELECT count(*) FROM job_partition WHERE status = 'DROPPED'"
                 " AND name LIKE 'job_p%'",
             )
             assert dropped == (CYCLES - 1 if variant == "partitions" else 0)
+            whole = scalar(
+                url,
+                "SELECT count(*) FROM message_partition WHERE status = 'DROPPED'"
+                " AND exported_rows > 0",
+            )
+            assert whole == (CYCLES - 2 if variant == "partitions" else 0)
 
         targets = retention_targets(results)
         assert len(targets) == 6
