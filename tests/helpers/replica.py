@@ -14,6 +14,7 @@ import psycopg
 from app.config import load_config_text
 from app.store.migrate import upgrade
 from devtools.pg import Cluster
+from tests.helpers.waiting import eventually_sync
 
 _numbers = itertools.count()
 
@@ -63,12 +64,39 @@ def primary_with_replica(
 
 @contextmanager
 def fresh_database(pair: Pair, prefix: str) -> Iterator[str]:
-    """A copy of the template on the primary (and so, once replayed, on the replica)."""
+    """A copy of the template on the primary, returned once the replica has replayed it too
+    (a read of the replica meanwhile would find no such database and fall back to the
+    primary, which is not what a test of replica reads means to see)."""
     name = f"{prefix}_{next(_numbers)}"
     with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name} TEMPLATE {pair.template}")
+
+    def replayed() -> bool:
+        with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            return found.fetchone() is not None
+
+    eventually_sync(replayed, what=f"the replica's copy of database {name}")
     try:
         yield name
     finally:
         with psycopg.connect(pair.primary.base_url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def pause_replay(pair: Pair) -> None:
+    """Stop the replica applying WAL (it keeps receiving), and return once it has stopped."""
+    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+
+        def paused() -> bool:
+            row = conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()
+            return row is not None and row[0] == "paused"
+
+        # Requested is not yet paused: a record may still be replayed until it is.
+        eventually_sync(paused, what="the replica's replay paused")
+
+
+def resume_replay(pair: Pair) -> None:
+    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_wal_replay_resume()")

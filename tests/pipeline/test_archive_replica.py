@@ -28,7 +28,14 @@ from app.services.retention import RetentionService
 from app.store.db import Database
 from devtools.pg import Cluster
 from devtools.replica import standby_of
-from tests.helpers.replica import Pair, fresh_database, primary_with_replica, rdbms_section
+from tests.helpers.replica import (
+    Pair,
+    fresh_database,
+    pause_replay,
+    primary_with_replica,
+    rdbms_section,
+    resume_replay,
+)
 from tests.helpers.waiting import eventually_sync
 from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
@@ -137,22 +144,6 @@ def _statement_calls(server: Cluster, database: str, marker: str) -> int:
     return int(row[0])
 
 
-def _pause_replay(pair: Pair) -> None:
-    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_wal_replay_pause()")
-
-        def paused() -> bool:
-            row = conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()
-            return row is not None and row[0] == "paused"
-
-        eventually_sync(paused, what="the replica's replay paused")
-
-
-def _resume_replay(pair: Pair) -> None:
-    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_wal_replay_resume()")
-
-
 def _archived_statuses(spark: SparkSession, config: Config) -> list[str]:
     frame = archived_partitions(spark, config.pipeline.archive_root, ["job_p0"])
     assert frame is not None
@@ -208,9 +199,9 @@ def test_a_replica_behind_is_waited_for_then_read(
     def resume(what: str) -> None:
         # Waiting, so the replica was seen behind: let it catch up.
         waited.append(what)
-        _resume_replay(pair)
+        resume_replay(pair)
 
-    _pause_replay(pair)
+    pause_replay(pair)
     try:
         # The replica keeps the partition's undelivered jobs: an export read from it now
         # would differ from the primary's rows.
@@ -218,7 +209,7 @@ def test_a_replica_behind_is_waited_for_then_read(
         err = io.StringIO()
         summary = run("archive", config, spark=spark, wait_hook=resume, err=err)
     finally:
-        _resume_replay(pair)
+        resume_replay(pair)
 
     assert summary["status"] == "ok", summary
     assert waited == ["partition job_p0"]
@@ -233,13 +224,13 @@ def test_a_replica_still_behind_after_replica_wait_leaves_the_export_to_the_prim
     config = _config(pair, database, tmp_path, partitions=True, wait="1s")
     _closed_partition(config)
     _replayed(pair, database)
-    _pause_replay(pair)
+    pause_replay(pair)
     try:
         jobs = _finish_jobs(config)
         err = io.StringIO()
         summary = run("archive", config, spark=spark, err=err)
     finally:
-        _resume_replay(pair)
+        resume_replay(pair)
 
     assert summary["status"] == "ok", summary
     assert summary["partitions"]["read_from"] == {"primary": 1}

@@ -23,7 +23,14 @@ from pyspark.sql import SparkSession
 from app.config import Config
 from app.domain.replica import ReadFrom
 from app.pipeline.job import run
-from tests.helpers.replica import Pair, fresh_database, primary_with_replica, rdbms_section
+from tests.helpers.replica import (
+    Pair,
+    fresh_database,
+    pause_replay,
+    primary_with_replica,
+    rdbms_section,
+    resume_replay,
+)
 from tests.helpers.waiting import eventually_sync
 from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
@@ -70,23 +77,6 @@ def _seeded(pair: Pair, database: str) -> int:
     return jobs
 
 
-def _pause_replay(pair: Pair) -> None:
-    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_wal_replay_pause()")
-
-        def paused() -> bool:
-            row = conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()
-            return row is not None and row[0] == "paused"
-
-        # Requested is not yet paused: a record may still be replayed until it is.
-        eventually_sync(paused, what="the replica's replay paused")
-
-
-def _resume_replay(pair: Pair) -> None:
-    with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_wal_replay_resume()")
-
-
 def _publish_one(pair: Pair, database: str) -> None:
     """One more message with one job, committed on the primary."""
     rng = random.Random(99)
@@ -118,13 +108,13 @@ def test_a_fresh_replica_serves_the_reports_reads_and_the_report_says_so(
         # Chosen, not yet read: from here the replica stands still and the primary moves on,
         # so which database the report read shows in its count.
         chosen.append(read_from)
-        _pause_replay(pair)
+        pause_replay(pair)
         _publish_one(pair, database)
 
     try:
         summary = run("report", config, spark=spark, source_hook=pause_then_publish)
     finally:
-        _resume_replay(pair)
+        resume_replay(pair)
 
     assert summary["status"] == "ok", summary
     assert chosen == [ReadFrom.REPLICA]
@@ -141,12 +131,12 @@ def test_a_replica_past_replica_max_lag_leaves_the_report_to_the_primary(
 ) -> None:
     jobs = _seeded(pair, database)
     chosen: list[ReadFrom] = []
-    _pause_replay(pair)
+    pause_replay(pair)
     try:
         _publish_one(pair, database)
         summary = run("report", config, spark=spark, source_hook=chosen.append)
     finally:
-        _resume_replay(pair)
+        resume_replay(pair)
 
     assert summary["status"] == "ok", summary
     assert chosen == [ReadFrom.PRIMARY]
