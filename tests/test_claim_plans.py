@@ -22,10 +22,9 @@ import pytest
 
 from app.config import Config, load_config_text
 from app.runtime import Runtime
-from app.store.migrate import upgrade
 from app.store.queue import claim_sql
-from devtools.pg import Cluster
 from tests.helpers.pull import bulk_publish, consumer_pk, setup_channel
+from tests.helpers.statements import counted_database
 
 QUEUED = 2_000
 _databases = itertools.count()
@@ -34,18 +33,8 @@ _databases = itertools.count()
 @pytest.fixture(scope="module")
 def template() -> Iterator[tuple[str, str]]:
     """A cluster with pg_stat_statements and a migrated template database: (base url, name)."""
-    cluster = Cluster(shared_buffers="128MB", statements=True)
-    cluster.start()
-    try:
-        with psycopg.connect(cluster.base_url, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE claim_plans")
-        url = cluster.url("claim_plans")
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION pg_stat_statements")
-        upgrade(load_config_text(f"[rdbms]\ndialect=postgresql\nconnection-url={url}\n").database)
+    with counted_database("claim_plans") as (cluster, _url):
         yield cluster.base_url, "claim_plans"
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture

@@ -30,10 +30,8 @@ import pytest
 from sqlalchemy import event
 from webhook_broker_client import Broker, BrokerError
 
-from app.config import load_config_text
 from app.runtime import Runtime
 from app.store.ledger import LedgerStore
-from app.store.migrate import upgrade
 from bench.__main__ import SCENARIOS, parse_args
 from bench.report import console_target
 from devtools.console_pages import (
@@ -43,9 +41,9 @@ from devtools.console_pages import (
     console_cost,
     console_statement,
 )
-from devtools.pg import Cluster
 from devtools.tasks import Background
 from tests.helpers.processes import BrokerProcess
+from tests.helpers.statements import counted_database
 from tests.helpers.waiting import eventually
 
 ADMIN = "load-admin-token"
@@ -60,19 +58,8 @@ PUBLISH_BATCH = 50
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
     """A migrated database on a cluster that loads pg_stat_statements; its [rdbms] section."""
-    cluster = Cluster(shared_buffers="128MB", statements=True)
-    cluster.start()
-    try:
-        with psycopg.connect(cluster.base_url, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE console_load")
-        url = cluster.url("console_load")
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION pg_stat_statements")
-        section = f"[rdbms]\ndialect=postgresql\nconnection-url={url}\n"
-        upgrade(load_config_text(section).database)
+    with counted_database("console_load") as (_cluster, url):
         yield url
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
