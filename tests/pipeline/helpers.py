@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,11 @@ def _python(row: dict[str, Any]) -> dict[str, Any]:
 
 def batches(config: Config) -> list[dict[str, Any]]:
     return query(config, "SELECT * FROM archive_batch ORDER BY id")
+
+
+def chart_data(page: str) -> list[dict[str, Any]]:
+    """The charts' data a report page carries."""
+    start = page.index('<script type="application/json" id="chart-data">')
+    body = page[start:].split(">", 1)[1].split("</script>", 1)[0]
+    data: list[dict[str, Any]] = json.loads(body)
+    return data

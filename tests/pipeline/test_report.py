@@ -20,9 +20,8 @@ from app.pipeline.state import Batch
 from tests.conftest import fresh_database
 from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
-from tests.pipeline.helpers import batches, query
+from tests.pipeline.helpers import batches, chart_data, query
 from tests.pipeline.png import decode
-from tests.pipeline.test_units import chart_data
 
 _STATS = """
 SELECT {keys}

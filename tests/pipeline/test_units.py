@@ -3,7 +3,6 @@ Debian's Chromium through Playwright, in light and dark, offline)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -18,6 +17,7 @@ from app.pipeline.charts import bar_chart, chart_html, line_chart
 from app.pipeline.db import jdbc_target
 from app.pipeline.htmlreport import render
 from tests.helpers.browser import chromium
+from tests.pipeline.helpers import chart_data
 
 
 def test_pipeline_config_defaults_and_validation() -> None:
@@ -56,14 +56,6 @@ def test_charts_hold_one_value_per_point_and_one_slot_per_bar() -> None:
     assert bar_chart(["a"], {"rate": [None]}, title="d", y_label="", percent=True).empty
     assert "no data yet" in chart_html(line_chart({}, title="e", y_label=""), 0)
     assert 'data-chart="3"' in chart_html(bars, 3)
-
-
-def chart_data(page: str) -> list[dict[str, Any]]:
-    """The charts' data a page carries (tests/pipeline/test_report.py reads it too)."""
-    start = page.index('<script type="application/json" id="chart-data">')
-    body = page[start:].split(">", 1)[1].split("</script>", 1)[0]
-    data: list[dict[str, Any]] = json.loads(body)
-    return data
 
 
 def test_page_is_self_contained() -> None:
