@@ -37,6 +37,7 @@ from app.store.partitions import SPAN, PartitionStore
 from app.store.schema import message
 from devtools.pg import free_port
 from tests.helpers.pull import (
+    PullConsumer,
     consumer_pk,
     producer_headers,
     publish,
@@ -860,7 +861,7 @@ async def test_an_exported_message_partition_waits_for_the_jobs_pointing_into_it
 ) -> None:
     # Marked exported with its messages in it (as an export of whole message partitions would
     # mark it): a job moved out of its old partition still points at one of them, so it stays
-    # until that job is gone; then its keys go, and it is detached and dropped.
+    # until that job is gone; then it is detached, its keys go, and it is dropped.
     (k1,) = await setup_channel(client)
     await publish(client, "kept", message_id="dead-one")
     service = retention(runtime)
@@ -903,6 +904,133 @@ async def test_a_crash_between_the_message_detach_and_drop_is_finished_next_roun
     report = await service.finish_messages()
     assert (report.detached, report.dropped) == ([], ["message_p0"])
     assert (await sql(runtime, "SELECT to_regclass('message_p0')"))[0][0] is None
+
+
+async def exported_with_nothing_pointing_in(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> tuple[RetentionService, int, PullConsumer]:
+    """message_p0 closed and EXPORTED (as the export of whole partitions marks it), holding
+    one message (id kept-1, its key in message_key) that no job points at any more; the
+    consumer's pk, and the consumer."""
+    (k1,) = await setup_channel(client)
+    await publish(client, "kept", message_id="kept-1")
+    service = retention(runtime)
+    await service.maintain()
+    await both_intervals_over(runtime)
+    await service.maintain()
+    await sql(runtime, "DELETE FROM job")
+    await sql(
+        runtime,
+        "UPDATE message_partition SET status = 'EXPORTED', exported_rows = 1"
+        " WHERE name = 'message_p0'",
+    )
+    return service, await consumer_pk(runtime, "k1"), k1
+
+
+async def message_pending(rt: Runtime) -> bool:
+    rows = await sql(
+        rt,
+        "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = to_regclass('message_p0')",
+    )
+    return bool(rows and rows[0][0])
+
+
+async def point_into_p0(rt: Runtime, consumer: int) -> None:
+    """A job for message_p0's message, as a history copy whose statement still saw the
+    partition commits one while it detaches (read from the partition itself: a newer
+    statement's message no longer shows a partition pending detach)."""
+    await sql(
+        rt,
+        "INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,"
+        " earliest_next_attempt_at, status_changed_at, created_at)"
+        " SELECT pk, :c, 'QUEUED', 0, 1, now(), now(), now() FROM message_p0",
+        c=consumer,
+    )
+    assert await sql(rt, "SELECT count(*) FROM job") == [(1,)]
+
+
+async def back_with_its_keys(client: httpx.AsyncClient, runtime: Runtime) -> None:
+    """message_p0 attached again and EXPORTED, its key kept: its message readable and its id
+    still taken."""
+    assert await message_state(runtime, "message_p0") == "EXPORTED"
+    assert "message_p0" in await message_leaves(runtime)
+    assert not await message_pending(runtime)
+    assert await sql(runtime, "SELECT count(*) FROM message_key") == [(1,)]
+    r = await client.get("/channel/c1/message/kept-1")
+    assert r.status_code == 200, r.text
+    r = await client.post(
+        "/channel/c1/broadcast",
+        content=b"again",
+        headers=producer_headers(**{"X-Broker-Message-ID": "kept-1"}),
+    )
+    assert r.status_code == 409, r.text
+
+
+@pytest.mark.parametrize("crash", ["half_way", "before_the_mark"])
+async def test_a_message_detach_a_crash_stopped_is_finished_though_a_job_points_in(
+    client: httpx.AsyncClient, runtime: Runtime, config: Any, crash: str
+) -> None:
+    # The sweeper found nothing pointing into message_p0 and started its DETACH ...
+    # CONCURRENTLY; a history copy committed a job for it meanwhile; the sweeper died half
+    # way through the detach (pending) or after it, before its state said DETACHED. The next
+    # round finishes the detach whatever points in now, and brings the partition back.
+    service, consumer, k1 = await exported_with_nothing_pointing_in(client, runtime)
+    url = config.database.connection_url
+    detach = "ALTER TABLE message DETACH PARTITION message_p0 CONCURRENTLY"
+    if crash == "half_way":
+        async with (
+            await psycopg.AsyncConnection.connect(url) as older,
+            await psycopg.AsyncConnection.connect(url, autocommit=True) as detacher,
+        ):
+            await older.execute("SELECT count(*) FROM message")
+            detaching = asyncio.create_task(detacher.execute(detach))
+            await eventually(lambda: message_pending(runtime), timeout=10, what="pending")
+            detacher.cancel()
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                await detaching
+            await older.rollback()
+        assert await message_pending(runtime)
+    else:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as detacher:
+            await detacher.execute(detach)
+        assert "message_p0" not in await message_leaves(runtime)
+    await point_into_p0(runtime, consumer)
+    assert await message_state(runtime, "message_p0") == "EXPORTED"
+    report = await service.finish_messages()
+    assert (report.detached, report.dropped) == (["message_p0"], [])
+    await back_with_its_keys(client, runtime)
+    (job_id,) = (await sql(runtime, "SELECT id FROM job"))[0]
+    # Its job's claim finds the message.
+    jobs = await pull_jobs(client, k1, batch=1)
+    assert [j["Message"]["MessageID"] for j in jobs] == ["kept-1"]
+    assert (await service.finish_messages()).detached == []  # waits for that job
+    await sql(runtime, "DELETE FROM job WHERE id = :id", id=job_id)
+    report = await service.finish_messages()
+    assert (report.detached, report.dropped) == (["message_p0"], ["message_p0"])
+    assert await sql(runtime, "SELECT count(*) FROM message_key") == [(0,)]
+
+
+async def test_a_job_made_during_the_message_detach_brings_the_partition_back_with_its_keys(
+    client: httpx.AsyncClient, runtime: Runtime, config: Any
+) -> None:
+    service, consumer, _ = await exported_with_nothing_pointing_in(client, runtime)
+    # An older transaction keeps the sweeper's DETACH ... CONCURRENTLY waiting; a job for the
+    # partition's message commits meanwhile (a history copy whose statement saw it attached).
+    async with await psycopg.AsyncConnection.connect(config.database.connection_url) as older:
+        await older.execute("SELECT count(*) FROM message")
+        finishing = asyncio.create_task(service.finish_messages())
+        await eventually(lambda: message_pending(runtime), timeout=10, what="the detach waiting")
+        await point_into_p0(runtime, consumer)
+        await older.rollback()
+        report = await finishing
+    # Detached, then attached again instead of dropped, with its key: a publish repeating
+    # the message's id is refused while the message is back.
+    assert (report.detached, report.dropped) == (["message_p0"], [])
+    await back_with_its_keys(client, runtime)
+    await sql(runtime, "DELETE FROM job")
+    assert (await service.finish_messages()).dropped == ["message_p0"]
+    assert await sql(runtime, "SELECT count(*) FROM message_key") == [(0,)]
+    await publish(client, "new", message_id="kept-1")  # free again
 
 
 def _spawn_sweeper(config_file: Path) -> subprocess.Popen[bytes]:

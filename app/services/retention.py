@@ -2,8 +2,9 @@
 each interval (the two tables in the same round), job partitions drained of unfinished jobs once
 their retention has passed, and, after the archive exported and read them back (job partitions)
 or archived every message of them (message partitions, once no job points into them), detached
-and dropped. Each step is safe to repeat and to run from several sweepers; whatever a crash
-interrupted, the next round finishes (app/store/partitions.py)."""
+and dropped (a message partition's keys forgotten between the two). Each step is safe to
+repeat and to run from several sweepers; whatever a crash interrupted, the next round finishes
+(app/store/partitions.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from app.store.partitions import (
     DETACHED,
     EXPORTED,
     MESSAGES,
+    PENDING,
     ROTATE_AT,
     Partition,
     PartitionStore,
@@ -184,10 +186,22 @@ class RetentionService:
 
     async def finish_messages(self, report: RoundReport | None = None) -> RoundReport:
         """Message partitions whose messages are all archived, and that no job points into
-        any more: their keys forgotten, then detached and dropped."""
+        any more: detached, their keys forgotten, dropped.
+
+        A job can still come while one detaches (a history copy whose statement saw it
+        attached): once detached, one that a job points into goes back, EXPORTED, with its
+        keys, and waits for that job. A detach a crash stopped half way (pending, which keeps
+        every other concurrent detach of message out) or that finished before its state said
+        so is finished before anything else, whatever points into it now."""
         report = report or RoundReport()
         store = self._messages
-        for part in await store.partitions():
+        parts = await store.partitions()
+        attachment = {
+            p.name: await store.attachment(p.name) for p in parts if p.status == EXPORTED
+        }
+        # The pending first: a DETACH ... CONCURRENTLY of another fails while one is pending.
+        parts.sort(key=lambda p: attachment.get(p.name) != PENDING)
+        for part in parts:
             status = part.status
             if (
                 status == ATTACHED
@@ -195,16 +209,22 @@ class RetentionService:
                 and await store.mark_emptied(part, self._retention_days)
             ):
                 status = EXPORTED
+                attachment[part.name] = ATTACHED
             if status == EXPORTED:
-                if await store.referenced(part):
+                if attachment[part.name] == ATTACHED and await store.referenced(part):
                     continue  # a job (or a job partition on its way out) still points into it
-                while (forgotten := await store.forget_keys(part, self._chunk)) > 0:
-                    if forgotten < self._chunk:
-                        break
                 await store.detach(part.name)
                 report.detached.append(part.name)
                 status = DETACHED
-            if status == DETACHED and await store.drop(part.name):
+            if status != DETACHED:
+                continue
+            if await store.reattach_if_pointed_into(part.name):
+                log.info("message partition %s attached again: a job points into it", part.name)
+                continue
+            while (forgotten := await store.forget_keys(part, self._chunk)) > 0:
+                if forgotten < self._chunk:
+                    break
+            if await store.drop(part.name):
                 report.dropped.append(part.name)
                 log.info("message partition %s dropped after its archive", part.name)
         return report

@@ -20,8 +20,10 @@ made and rotated with the job table's, their state in `message_partition`. Messa
 goes only once no job points into it: closed, past the retention, its messages archived (the
 pipeline exports it whole once nothing points into it, app/pipeline/partitions.py; until then
 the batch archive deletes those no job refers to any more, with their keys in message_key, and
-a partition they leave empty is marked EXPORTED here); the keys of a partition exported whole
-go before its detach, and its drop first makes sure no job came meanwhile.
+a partition they leave empty is marked EXPORTED here). An exported one is detached first; once
+detached nothing can reach its messages, and if a job made while it detached points into it,
+it is attached again (EXPORTED, its keys kept, so a publish repeating one of its ids is still
+refused); otherwise its keys go, a chunk at a time, and then the table.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ LOCK_TIMEOUT = "500ms"
 
 ATTACHED, EXPORTED, DETACHED, DROPPED = "ATTACHED", "EXPORTED", "DETACHED", "DROPPED"
 STATES = (ATTACHED, EXPORTED, DETACHED, DROPPED)
+PENDING = "PENDING"  # a table's attachment only (attachment()), never a state row's
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +201,10 @@ SELECT EXISTS (SELECT 1 FROM job WHERE message_pk >= :low AND message_pk < :high
     OR EXISTS (SELECT 1 FROM job_partition WHERE status IN ('EXPORTED', 'DETACHED'))
 """
 
-# An exported message partition's ids leave message_key before its detach (nothing cascades
-# from message: migration 0021), a chunk a statement: from then on the ids are free again, as
-# an archived message's always were.
+# A detached message partition's ids leave message_key once nothing points into it (nothing
+# cascades from message: migration 0021), a chunk a statement, before its drop: from then on
+# the ids are free again, as an archived message's always were. Not before the detach: a
+# partition attached again must come back with its keys.
 FORGET_KEYS = """
 DELETE FROM message_key WHERE (channel_id, message_id) IN (
     SELECT channel_id, message_id FROM message_key
@@ -423,6 +427,16 @@ class PartitionStore:
             )
             return int(result.rowcount)
 
+    async def attachment(self, name: str) -> str:
+        """ATTACHED, PENDING (a DETACH ... CONCURRENTLY stopped half way: it keeps every other
+        concurrent detach of the table out until finalized) or DETACHED."""
+        name = _ident(name, self._of)
+        async with self._db.transaction() as tx:
+            found = (await tx.conn.execute(text(self._sql(ATTACHMENT)), {"name": name})).all()
+        if not found:
+            return DETACHED
+        return PENDING if found[0][0] else ATTACHED
+
     async def detach(self, name: str) -> None:
         """DETACH ... CONCURRENTLY (no transaction around it; claims, acks and publishes go
         on), or FINALIZE one that a crash interrupted; then the state says DETACHED."""
@@ -437,10 +451,20 @@ class PartitionStore:
         async with self._db.transaction() as tx:
             await tx.conn.execute(text(self._sql(MARK_DETACHED)), {"name": name})
 
+    async def reattach_if_pointed_into(self, name: str) -> bool:
+        """A detached message partition that a job points into (made by a history copy whose
+        statement still saw it while it detached), attached again and EXPORTED, its keys
+        intact; False: nothing points into it (nothing can any more: it is detached)."""
+        assert self._of is MESSAGES
+        name = _ident(name, self._of)
+        async with self._db.transaction() as tx:
+            return await self._reattached(tx, name)
+
     async def drop(self, name: str) -> bool:
         """Job partitions: re-home what a redrive woke in it since the export, take its rows
-        out of the counts and the ledger, and drop it; message partitions: drop it. One
-        transaction, with the state's change."""
+        out of the counts and the ledger, and drop it; message partitions: drop it (attached
+        again instead should a job point into it after all). One transaction, with the
+        state's change."""
         name = _ident(name, self._of)
         async with self._db.transaction() as tx:
             if self._of is MESSAGES and await self._reattached(tx, name):
