@@ -18,11 +18,11 @@ from sqlalchemy import text
 from app.bridge import protocol as p
 from app.runtime import Runtime
 from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
+from tests.helpers.consumer_management import config_seen, create_body, request
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
-API = "$JS.API"
 NANOS = p.NANOS
 
 MANAGED: dict[str, Any] = {
@@ -35,45 +35,10 @@ MANAGED: dict[str, Any] = {
     "filter_subject": "orders",
     "metadata": {"team": "billing"},
 }
-# What is compared of a consumer's config: every field both servers set alike (max_batch and
-# max_expires are the bridge's process limits: the reference sets them equal).
-COMPARED = (
-    "durable_name",
-    "name",
-    "description",
-    "deliver_policy",
-    "ack_policy",
-    "ack_wait",
-    "max_deliver",
-    "backoff",
-    "filter_subject",
-    "replay_policy",
-    "max_waiting",
-    "max_ack_pending",
-    "metadata",
-)
-
-
-def config_seen(document: dict[str, Any]) -> dict[str, Any]:
-    config = document.get("config") or {}
-    return {k: config.get(k) for k in COMPARED}
 
 
 def error_seen(document: dict[str, Any]) -> Any:
     return document.get("error")
-
-
-async def request(nc: Any, subject: str, body: dict[str, Any] | bytes | None = None) -> Any:
-    payload = body if isinstance(body, bytes) else json.dumps(body).encode() if body else b""
-    reply = await nc.request(f"{API}.{subject}", payload, timeout=5)
-    return json.loads(reply.data)
-
-
-def create_body(config: dict[str, Any], action: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"stream_name": "orders", "config": config}
-    if action:
-        body["action"] = action
-    return body
 
 
 async def management_script(url: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from sqlalchemy import text
 from app.bridge import protocol as p
 from app.runtime import Runtime
 from tests.bridge.conftest import BridgeFactory, publish_http, uncapped_only
-from tests.bridge.test_consumer_management import config_seen, create_body, request
+from tests.helpers.consumer_management import config_seen, create_body, request
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually

@@ -13,7 +13,7 @@ import nats
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from tests.bridge.conftest import BridgeFactory, uncapped_only
-from tests.bridge.test_consumer_management import create_body, request
+from tests.helpers.consumer_management import create_body, request
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import reference
 from tests.helpers.waiting import eventually

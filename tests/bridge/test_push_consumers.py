@@ -19,18 +19,12 @@ import pytest
 
 from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
-from tests.bridge.test_consumer_management import create_body, request
+from tests.helpers.consumer_management import create_body, pushed_config, request
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 NANOS = p.NANOS
-PUSHED = ("deliver_group", "flow_control", "idle_heartbeat", "ack_policy", "max_waiting")
-
-
-def pushed_config(document: dict[str, Any]) -> dict[str, Any]:
-    config = document.get("config") or {}
-    return {k: config.get(k) for k in PUSHED} | {"has_deliver_subject": "deliver_subject" in config}
 
 
 def sequences(reply: str) -> tuple[int, int]:

@@ -16,8 +16,7 @@ from nats.aio.subscription import Subscription
 
 from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
-from tests.bridge.test_consumer_management import create_body, request
-from tests.bridge.test_push_consumers import pushed_config
+from tests.helpers.consumer_management import create_body, pushed_config, request
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
