@@ -77,9 +77,14 @@ AND NOT EXISTS (
 _MESSAGES_FREE_NOW = f"SELECT {_MESSAGES_FREE}"
 
 # The check again, in the statement that marks: a job the NATS bridge's history copy (or a job
-# partition's re-homing) committed since the first check keeps the partition ATTACHED; one
-# committed after the mark keeps the sweeper from detaching it (it asks REFERENCED first) until
-# that job is gone, while the message it points at stays in place.
+# partition's re-homing) committed since the first check keeps the partition ATTACHED. The row
+# is locked first, by a statement of its own: a copy holds it FOR SHARE while it makes jobs
+# (app/store/backfill.py), and the mark's check must see those jobs, which a snapshot taken
+# before the lock was granted would not (an UPDATE only waiting for a row's lockers keeps its
+# snapshot). A copy after the mark finds the row EXPORTED and makes no job into it.
+_LOCK_MESSAGES = """
+SELECT 1 FROM message_partition WHERE name = %(name)s FOR NO KEY UPDATE
+"""
 _MARK_MESSAGES = f"""
 UPDATE message_partition SET status = 'EXPORTED', exported_rows = %(rows)s, changed_at = now()
 WHERE name = %(name)s AND status = 'ATTACHED' AND closed_at IS NOT NULL
@@ -342,4 +347,5 @@ class MessagePartitionArchiver(_Archiver):
     def _mark(self, name: str, low: int, high: int, rows: int) -> bool:
         params = {"rows": rows, "name": name, "low": low, "high": high}
         with self._conn.transaction():
+            self._conn.execute(_LOCK_MESSAGES, params)
             return bool(self._conn.execute(_MARK_MESSAGES, params).rowcount)

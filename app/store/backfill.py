@@ -19,13 +19,14 @@ import itertools
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, func, literal, select, update
+from sqlalchemy import ColumnElement, Select, and_, func, literal, select, update
 
 from app.domain.jobs import JobStatus
 from app.store.db import Tx, now, plus_seconds
 from app.store.ledger import LedgerStore
 from app.store.messages import insert_queued_jobs
-from app.store.schema import channel, consumer, job, message
+from app.store.partitions import ATTACHED, MIN_ID
+from app.store.schema import channel, consumer, job, message, message_partition
 
 
 class BackfillStore:
@@ -249,9 +250,17 @@ class BackfillStore:
         Each message is locked FOR KEY SHARE, as a foreign key's check would lock it (none
         points at message: migration 0021): the archive's delete of a message waits for this
         copy to commit and then finds its new job, or this copy waits for the delete and skips
-        the message gone."""
-        db_now = now(self._tx.dialect)
-        return select(
+        the message gone.
+
+        On PostgreSQL only messages of an ATTACHED message partition get a job, its state row
+        locked FOR SHARE: a job made for a partition exported whole would point at a message
+        its detach hides (a claim would find nothing, and burn an attempt). The export's mark
+        locks that row first (app/pipeline/partitions.py), so it waits for a copy in flight
+        and then finds its job; a copy after the mark re-reads the row (READ COMMITTED), finds
+        it EXPORTED and skips its messages. SQLite has no message partitions."""
+        dialect = self._tx.dialect
+        db_now = now(dialect)
+        picked = select(
             message.c.pk,
             literal(consumer_pk),
             literal(JobStatus.QUEUED.value),
@@ -260,7 +269,21 @@ class BackfillStore:
             func.coalesce(message.c.scheduled_for, db_now),
             db_now,
             db_now,
-        ).with_for_update(read=True, key_share=True, of=message)
+        )
+        if dialect != "postgresql":
+            return picked.with_for_update(read=True, key_share=True, of=message)
+        part = message_partition
+        in_partition = and_(
+            message.c.pk >= func.coalesce(part.c.lower_id, MIN_ID),
+            message.c.pk < part.c.upper_id,
+            part.c.status == ATTACHED,
+        )
+        return (
+            picked.join_from(message, part, in_partition)
+            .with_for_update(read=True, key_share=True, of=message)
+            # A second locking clause (SQLAlchemy renders one): after ORDER BY and LIMIT.
+            .suffix_with(f"FOR SHARE OF {part.name}")
+        )
 
     async def _insert(self, picked: Select[Any]) -> int:
         """The jobs `picked` selects (as _jobs_for), inserted: how many."""
