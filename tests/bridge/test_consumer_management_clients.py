@@ -5,27 +5,16 @@ delete of a durable."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
-from tests.bridge.test_official_clients import JS_DIR, PY_VENV, install
+from tests.helpers.js_clients import DRIVERS, Driver, install
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import reference
 
-REPO = Path(__file__).resolve().parents[2]
-DRIVERS = {
-    "js": ["node", str(JS_DIR / "manage.mjs")],
-    "nats-jetstream": [
-        str(PY_VENV / "bin" / "python"),
-        str(REPO / "tests" / "clients" / "nats_jetstream_manage.py"),
-    ],
-}
 CONFIG: dict[str, Any] = {
     "durable_name": "mgr",
     "description": "made over NATS",
@@ -35,39 +24,6 @@ CONFIG: dict[str, Any] = {
     "max_ack_pending": 10,
     "filter_subject": "orders",
 }
-
-
-class Driver:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self._proc = proc
-
-    @classmethod
-    async def start(cls, kind: str) -> Driver:
-        proc = await asyncio.create_subprocess_exec(
-            *DRIVERS[kind],
-            cwd=JS_DIR,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        return cls(proc)
-
-    async def call(self, op: str, **args: Any) -> Any:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(json.dumps({"op": op, **args}).encode() + b"\n")
-        await self._proc.stdin.drain()
-        line = await asyncio.wait_for(self._proc.stdout.readline(), 30)
-        assert line, f"the client ended during {op}"
-        return json.loads(line)
-
-    async def close(self) -> None:
-        if self._proc.returncode is None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            try:
-                await asyncio.wait_for(self._proc.wait(), 10)
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
 
 
 def failure_seen(answer: dict[str, Any]) -> Any:

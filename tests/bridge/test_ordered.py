@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from app.runtime import Runtime
 from tests.bridge.conftest import BridgeFactory
-from tests.bridge.test_official_clients import ClientProcess, install
+from tests.helpers.js_clients import ClientProcess, install
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import (
     Publish,

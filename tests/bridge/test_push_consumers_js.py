@@ -18,8 +18,7 @@ import httpx
 
 from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
-from tests.bridge.test_consumer_management_clients import Driver
-from tests.bridge.test_official_clients import JS_DIR, install
+from tests.helpers.js_clients import JS_DIR, Driver, install
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
