@@ -16,9 +16,9 @@ from app.runtime import Runtime
 from app.services.backfill import BackfillService, finish
 from app.store.backfill import BackfillStore
 from app.store.schema import consumer, message
+from tests.helpers.metrics import ledger
 from tests.helpers.pull import CHANNEL, consumer_pk, job_rows, publish, put_consumer, setup_channel
 from tests.helpers.waiting import eventually
-from tests.test_ledger import ledger
 
 
 async def message_pks(rt: Runtime) -> list[int]:

@@ -15,7 +15,7 @@ from sqlalchemy import delete, func, insert, select
 from app.cli import main
 from app.runtime import Runtime
 from app.store.schema import consumer, job
-from tests.helpers.metrics import scrape
+from tests.helpers.metrics import ledger
 from tests.helpers.pull import (
     CHANNEL,
     consumer_pk,
@@ -26,27 +26,6 @@ from tests.helpers.pull import (
     setup_channel,
 )
 from tests.helpers.waiting import eventually
-
-Ledger = dict[str, tuple[float, float, float]]
-
-
-async def ledger(client: httpx.AsyncClient, runtime: Runtime) -> Ledger:
-    """(published, removed, unaccounted) by consumer, read afresh."""
-    runtime.metrics.snapshot.read_at = 0.0
-    samples = await scrape(client)
-    found: dict[str, dict[str, float]] = {}
-    for (name, labels), value in samples.items():
-        if name.startswith("webhook_broker_ledger_"):
-            assert dict(labels)["channel"] == CHANNEL
-            found.setdefault(dict(labels)["consumer"], {})[name] = value
-    return {
-        who: (
-            series["webhook_broker_ledger_published_jobs"],
-            series["webhook_broker_ledger_removed_jobs"],
-            series["webhook_broker_ledger_unaccounted_jobs"],
-        )
-        for who, series in found.items()
-    }
 
 
 async def test_the_ledger_adds_up_through_every_removal(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.runtime import Runtime
+from tests.helpers.pull import CHANNEL
 from tests.helpers.waiting import eventually
 
 
@@ -38,3 +40,25 @@ async def a_dispatcher_round(client: httpx.AsyncClient, within: float = 20.0) ->
         return await dispatcher_rounds(client) >= start + 2
 
     await eventually(two_more, within, what="a whole dispatcher round after the call")
+
+
+Ledger = dict[str, tuple[float, float, float]]
+
+
+async def ledger(client: httpx.AsyncClient, runtime: Runtime) -> Ledger:
+    """(published, removed, unaccounted) by consumer, read afresh."""
+    runtime.metrics.snapshot.read_at = 0.0
+    samples = await scrape(client)
+    found: dict[str, dict[str, float]] = {}
+    for (name, labels), value in samples.items():
+        if name.startswith("webhook_broker_ledger_"):
+            assert dict(labels)["channel"] == CHANNEL
+            found.setdefault(dict(labels)["consumer"], {})[name] = value
+    return {
+        who: (
+            series["webhook_broker_ledger_published_jobs"],
+            series["webhook_broker_ledger_removed_jobs"],
+            series["webhook_broker_ledger_unaccounted_jobs"],
+        )
+        for who, series in found.items()
+    }
