@@ -18,9 +18,9 @@ from app.pipeline.partitions import _LOCK_MESSAGES, _MARK_MESSAGES, MessageParti
 from app.runtime import Runtime
 from app.store.backfill import BackfillStore
 from app.store.partitions import MIN_ID, SPAN
+from tests.helpers.message_partitions import both_intervals_over, message_state, retention, sql
 from tests.helpers.pull import consumer_pk, publish, setup_channel
 from tests.helpers.waiting import eventually
-from tests.test_partitions import both_intervals_over, message_state, retention, sql
 
 PIPELINE = "wb-pipeline"  # app/pipeline/db.connect's application_name
 MARK = {"rows": 2, "name": "message_p0", "low": MIN_ID, "high": SPAN}

@@ -23,7 +23,7 @@ import httpx
 import psycopg
 import pytest
 from alembic import command
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from app.config import DatabaseConfig, load_config_text
 from app.metrics import Metrics
@@ -36,6 +36,14 @@ from app.store.migrate import alembic_config, upgrade
 from app.store.partitions import SPAN, PartitionStore
 from app.store.schema import message
 from devtools.pg import free_port
+from tests.helpers.message_partitions import (
+    HOLD,
+    both_intervals_over,
+    interval_over,
+    message_state,
+    retention,
+    sql,
+)
 from tests.helpers.pull import (
     PullConsumer,
     consumer_pk,
@@ -47,22 +55,10 @@ from tests.helpers.pull import (
 )
 from tests.helpers.waiting import eventually
 
-HOLD = 0.5  # seconds a due job is held before its move (the sweeper: two rounds)
-
 
 @pytest.fixture
 def backend() -> str:
     return "postgresql"  # SQLite keeps one table: test_sqlite_keeps_one_table
-
-
-def retention(rt: Runtime, retention_days: int = 0) -> RetentionService:
-    return RetentionService(rt.db, 3600, retention_days, hold_seconds=HOLD)
-
-
-async def sql(rt: Runtime, statement: str, **params: Any) -> list[Any]:
-    async with rt.db.transaction() as tx:
-        result = await tx.conn.execute(text(statement), params)
-        return list(result.all()) if result.returns_rows else []
 
 
 async def leaves(rt: Runtime) -> list[str]:
@@ -76,15 +72,6 @@ async def leaves(rt: Runtime) -> list[str]:
 async def where(rt: Runtime, job_id: int) -> str:
     rows = await sql(rt, "SELECT tableoid::regclass::text FROM job WHERE id = :id", id=job_id)
     return str(rows[0][0])
-
-
-async def interval_over(rt: Runtime) -> None:
-    """The taking partition's interval ended (opened an interval and a minute ago)."""
-    await sql(
-        rt,
-        "UPDATE job_partition SET opened_at = now() - interval '61 minutes'"
-        " WHERE opened_at IS NOT NULL AND closed_at IS NULL",
-    )
 
 
 async def counts_match_rows(rt: Runtime) -> None:
@@ -741,21 +728,6 @@ async def message_leaves(rt: Runtime) -> list[str]:
         "SELECT relid::regclass::text FROM pg_partition_tree('message') WHERE isleaf ORDER BY 1",
     )
     return [r[0] for r in rows]
-
-
-async def both_intervals_over(rt: Runtime) -> None:
-    """The job and the message tables' taking partitions' intervals ended."""
-    await interval_over(rt)
-    await sql(
-        rt,
-        "UPDATE message_partition SET opened_at = now() - interval '61 minutes'"
-        " WHERE opened_at IS NOT NULL AND closed_at IS NULL",
-    )
-
-
-async def message_state(rt: Runtime, name: str) -> str:
-    rows = await sql(rt, "SELECT status FROM message_partition WHERE name = :n", n=name)
-    return str(rows[0][0])
 
 
 async def test_message_partitions_rotate_with_the_job_partitions_and_ids_stay_unique(

@@ -196,9 +196,7 @@ class RetentionService:
         report = report or RoundReport()
         store = self._messages
         parts = await store.partitions()
-        attachment = {
-            p.name: await store.attachment(p.name) for p in parts if p.status == EXPORTED
-        }
+        attachment = {p.name: await store.attachment(p.name) for p in parts if p.status == EXPORTED}
         # The pending first: a DETACH ... CONCURRENTLY of another fails while one is pending.
         parts.sort(key=lambda p: attachment.get(p.name) != PENDING)
         for part in parts:

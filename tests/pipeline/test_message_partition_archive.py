@@ -307,4 +307,3 @@ def test_a_job_made_while_the_partition_detaches_brings_it_back(
     assert query(config, "SELECT to_regclass('message_p0') AS t") == [{"t": None}]
     got = archived_whole(spark, config)
     assert [{c: r[c] for c in MESSAGE_COLUMNS} for r in got] == rows
-
