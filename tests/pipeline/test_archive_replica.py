@@ -10,7 +10,6 @@ marks and deletes stay on the primary (the primary's rows are gone, the partitio
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 from collections.abc import Iterator
@@ -24,8 +23,6 @@ from pyspark.sql import SparkSession
 from app.config import Config
 from app.pipeline.job import run
 from app.pipeline.partitions import archived_partitions
-from app.services.retention import RetentionService
-from app.store.db import Database
 from devtools.pg import Cluster
 from devtools.replica import standby_of
 from tests.helpers.replica import (
@@ -40,6 +37,7 @@ from tests.helpers.waiting import eventually_sync
 from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
 from tests.pipeline.helpers import query
+from tests.pipeline.partitions import broker
 
 
 def _prepare(conn: psycopg.Connection[Any]) -> None:
@@ -74,33 +72,14 @@ def _execute(url: str, sql: str) -> None:
         conn.execute(sql)
 
 
-def _maintain(config: Config) -> None:
-    """The broker sweeper's partition upkeep (a partition ahead, rotation when due)."""
-
-    async def go() -> None:
-        db = Database.from_config(config.database)
-        try:
-            service = RetentionService(
-                db,
-                config.database.partition_interval_seconds,
-                config.pipeline.retention_days,
-                hold_seconds=60,
-            )
-            await service.maintain()
-        finally:
-            await db.dispose()
-
-    asyncio.run(go())
-
-
 def _closed_partition(config: Config) -> None:
     """Seeded jobs in job_p0, closed 8 days ago (past the 7 days' retention); some not yet
     delivered."""
     url = config.database.connection_url
     data.seed(url, old=12, old_open=2, recent=0, seed=11)
-    _maintain(config)
+    broker(config, lambda s: s.maintain())
     _execute(url, "UPDATE job_partition SET opened_at = now() - interval '2 hours'")
-    _maintain(config)
+    broker(config, lambda s: s.maintain())
     _execute(
         url, "UPDATE job_partition SET closed_at = now() - interval '8 days' WHERE name = 'job_p0'"
     )

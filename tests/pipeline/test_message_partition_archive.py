@@ -19,10 +19,17 @@ from pyspark.sql import SparkSession
 from app.config import Config
 from app.pipeline.job import run
 from app.pipeline.partitions import MESSAGE_DATASET, MESSAGE_KIND, archived_partitions
-from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
-from tests.pipeline.helpers import MESSAGE_COLUMNS, MESSAGES_SQL, _python, archived, query
-from tests.pipeline.test_partition_archive import broker, crash_at, execute
+from tests.pipeline.helpers import MESSAGE_COLUMNS, _python, archived, query
+from tests.pipeline.partitions import (
+    STATE,
+    broker,
+    closed_past_retention,
+    crash_at,
+    execute,
+    jobs_leave_with_their_partition,
+    messages,
+)
 
 # A job for one message, made as app/store/backfill.py makes one (the message locked FOR KEY
 # SHARE) but without its look at the partition's state: a job pointing into the partition
@@ -37,67 +44,10 @@ FOR KEY SHARE OF m
 RETURNING id
 """
 
-STATE = "SELECT status, exported_rows FROM message_partition WHERE name = 'message_p0'"
-
 
 @pytest.fixture
 def config(rdbms: str, tmp_path: Path) -> Config:
     return pipeline_config(rdbms, tmp_path, partition_interval="1h")
-
-
-def closed_past_retention(config: Config) -> data.Dataset:
-    """Seeded messages (with their keys) in message_p0 and their jobs in job_p0, both
-    partitions closed by the broker's rotation 8 days ago (past the 7 days' retention)."""
-    dataset = data.seed(config.database.connection_url)
-    execute(
-        config,
-        "INSERT INTO message_key (channel_id, message_id, message_pk)"
-        " SELECT channel_id, message_id, pk FROM message",
-    )
-    broker(config, lambda s: s.maintain())
-    for state in ("job_partition", "message_partition"):
-        execute(
-            config,
-            f"UPDATE {state} SET opened_at = now() - interval '2 hours'"
-            " WHERE name IN ('job_p0', 'message_p0')",
-        )
-    broker(config, lambda s: s.maintain())
-    assert query(
-        config,
-        "SELECT name FROM job_partition WHERE closed_at IS NOT NULL UNION ALL"
-        " SELECT name FROM message_partition WHERE closed_at IS NOT NULL ORDER BY name",
-    ) == [{"name": "job_p0"}, {"name": "message_p0"}]
-    for state in ("job_partition", "message_partition"):
-        execute(
-            config,
-            f"UPDATE {state} SET closed_at = now() - interval '8 days'"
-            " WHERE name IN ('job_p0', 'message_p0')",
-        )
-    assert query(config, "SELECT count(*) AS n FROM message_p0") == [
-        {"n": len(dataset.old_terminal + dataset.old_open + dataset.recent)}
-    ]
-    return dataset
-
-
-def jobs_leave_with_their_partition(config: Config, spark: SparkSession) -> None:
-    """Every job delivered; the archive exports job_p0 and the broker drops it."""
-    execute(config, "UPDATE job SET status = 'DELIVERED' WHERE status <> 'DELIVERED'")
-    first = run("archive", config, spark=spark)
-    assert first["status"] == "ok", first
-    # The jobs still point into message_p0 while the archive runs: it waits.
-    assert first["message_partitions"] == {
-        "exported": [],
-        "messages": 0,
-        "waiting": ["message_p0"],
-    }
-    assert first["partitions"]["exported"] == ["job_p0"]
-    assert broker(config, lambda s: s.finish_exported()).dropped == ["job_p0"]
-    assert query(config, "SELECT count(*) AS n FROM job") == [{"n": 0}]
-
-
-def messages(config: Config) -> list[dict[str, Any]]:
-    pks = [r["pk"] for r in query(config, "SELECT pk FROM message")]
-    return query(config, MESSAGES_SQL, pks)
 
 
 def archived_whole(spark: SparkSession, config: Config) -> list[dict[str, Any]]:

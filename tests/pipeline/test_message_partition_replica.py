@@ -20,7 +20,7 @@ from tests.helpers.replica import Pair, fresh_database, primary_with_replica, rd
 from tests.helpers.waiting import eventually_sync
 from tests.pipeline.conftest import pipeline_config
 from tests.pipeline.helpers import query
-from tests.pipeline.test_message_partition_archive import (
+from tests.pipeline.partitions import (
     STATE,
     closed_past_retention,
     jobs_leave_with_their_partition,

@@ -6,23 +6,21 @@ messages whose jobs all left go by the batch archive."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psycopg
 import pytest
 from pyspark.sql import SparkSession
 
 from app.config import Config
 from app.pipeline.job import run
-from app.pipeline.partitions import DATASET, PartitionHook, archived_partitions
-from app.services.retention import RetentionService
+from app.pipeline.partitions import DATASET, archived_partitions
 from app.store.db import Database
 from app.store.ledger import LedgerStore
 from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
 from tests.pipeline.helpers import JOB_COLUMNS, _python, query
+from tests.pipeline.partitions import broker, crash_at, execute
 
 T = TypeVar("T")
 
@@ -35,32 +33,9 @@ PARTITION_JOBS_SQL = (
 )
 
 
-class Crash(RuntimeError):
-    """Stands for the process dying right after a step."""
-
-
 @pytest.fixture
 def config(rdbms: str, tmp_path: Path) -> Config:
     return pipeline_config(rdbms, tmp_path, partition_interval="1h")
-
-
-def broker(config: Config, step: Callable[[RetentionService], Awaitable[T]]) -> T:
-    """One step of the broker's sweeper (its partition round's parts) on its own Database."""
-
-    async def go() -> T:
-        db = Database.from_config(config.database)
-        try:
-            service = RetentionService(
-                db,
-                config.database.partition_interval_seconds,
-                config.pipeline.retention_days,
-                hold_seconds=60,
-            )
-            return await step(service)
-        finally:
-            await db.dispose()
-
-    return asyncio.run(go())
 
 
 def unaccounted(config: Config) -> dict[str, int]:
@@ -75,24 +50,11 @@ def unaccounted(config: Config) -> dict[str, int]:
     return asyncio.run(go())
 
 
-def crash_at(step: str) -> PartitionHook:
-    def hook(done: str, name: str) -> None:
-        if done == step:
-            raise Crash(f"after {step} of {name}")
-
-    return hook
-
-
 def archived_partition(spark: SparkSession, config: Config) -> list[dict[str, Any]]:
     assert any((Path(config.pipeline.archive_root) / DATASET).rglob("*.parquet"))
     frame = archived_partitions(spark, config.pipeline.archive_root, ["job_p0"])
     assert frame is not None
     return [_python(row.asDict()) for row in frame.orderBy("id").collect()]
-
-
-def execute(config: Config, sql: str) -> None:
-    with psycopg.connect(config.database.connection_url) as conn:
-        conn.execute(sql)
 
 
 def test_a_closed_partition_is_archived_whole_then_dropped(
