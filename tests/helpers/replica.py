@@ -100,3 +100,38 @@ def pause_replay(pair: Pair) -> None:
 def resume_replay(pair: Pair) -> None:
     with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
         conn.execute("SELECT pg_wal_replay_resume()")
+
+
+def with_statements(conn: psycopg.Connection) -> None:
+    """A `prepare` for primary_with_replica: every copy of the template counts its statements
+    (the cluster loads pg_stat_statements with `statements=True`)."""
+    conn.execute("CREATE EXTENSION pg_stat_statements")
+
+
+def statement_calls(server: Cluster, database: str, marker: str) -> int:
+    """Calls of statements with `marker` in their text, in `database`, on that server."""
+    with psycopg.connect(server.url(database), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)"
+            " AND query LIKE %s",
+            (database, f"%{marker}%"),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def replayed(pair: Pair, database: str) -> None:
+    """Return once the replica has the primary's `database` as it is now."""
+    with psycopg.connect(pair.primary.url(database), autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+
+    def reached() -> bool:
+        with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
+            got = conn.execute(
+                "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (row[0],)
+            ).fetchone()
+        return bool(got and got[0])
+
+    eventually_sync(reached, what="the replica replayed the set-up")

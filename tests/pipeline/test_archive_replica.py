@@ -14,7 +14,6 @@ import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -23,7 +22,6 @@ from pyspark.sql import SparkSession
 from app.config import Config
 from app.pipeline.job import run
 from app.pipeline.partitions import archived_partitions
-from devtools.pg import Cluster
 from devtools.replica import standby_of
 from tests.helpers.replica import (
     Pair,
@@ -31,23 +29,21 @@ from tests.helpers.replica import (
     pause_replay,
     primary_with_replica,
     rdbms_section,
+    replayed,
     resume_replay,
+    statement_calls,
+    with_statements,
 )
-from tests.helpers.waiting import eventually_sync
 from tests.pipeline import data
 from tests.pipeline.conftest import pipeline_config
 from tests.pipeline.helpers import query
 from tests.pipeline.partitions import broker
 
 
-def _prepare(conn: psycopg.Connection[Any]) -> None:
-    conn.execute("CREATE EXTENSION pg_stat_statements")
-
-
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
     with primary_with_replica(
-        "wb_archive_replica_template", statements=True, prepare=_prepare
+        "wb_archive_replica_template", statements=True, prepare=with_statements
     ) as pair:
         yield pair
 
@@ -94,35 +90,6 @@ def _finish_jobs(config: Config) -> int:
     return int(row[0])
 
 
-def _replayed(pair: Pair, database: str) -> None:
-    """Until the replica has the primary's database as it is now (its partition closed)."""
-    with psycopg.connect(pair.primary.url(database), autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    assert row is not None
-
-    def reached() -> bool:
-        with psycopg.connect(pair.replica.base_url, autocommit=True) as conn:
-            got = conn.execute(
-                "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (row[0],)
-            ).fetchone()
-        return bool(got and got[0])
-
-    eventually_sync(reached, what="the replica replayed the set-up")
-
-
-def _statement_calls(server: Cluster, database: str, marker: str) -> int:
-    """Calls of statements with `marker` in their text, in `database`, on that server."""
-    with psycopg.connect(server.url(database), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
-            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)"
-            " AND query LIKE %s",
-            (database, f"%{marker}%"),
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def _archived_statuses(spark: SparkSession, config: Config) -> list[str]:
     frame = archived_partitions(spark, config.pipeline.archive_root, ["job_p0"])
     assert frame is not None
@@ -135,15 +102,15 @@ def test_a_closed_partitions_export_reads_the_replica_and_marks_on_the_primary(
     config = _config(pair, database, tmp_path, partitions=True)
     _closed_partition(config)
     jobs = _finish_jobs(config)
-    _replayed(pair, database)
+    replayed(pair, database)
 
     summary = run("archive", config, spark=spark)
 
     assert summary["status"] == "ok", summary
     assert summary["partitions"]["exported"] == ["job_p0"]
     assert summary["partitions"]["read_from"] == {"replica": 1}
-    assert _statement_calls(pair.replica, database, "archived_partition") > 0
-    assert _statement_calls(pair.primary, database, "archived_partition") == 0
+    assert statement_calls(pair.replica, database, "archived_partition") > 0
+    assert statement_calls(pair.primary, database, "archived_partition") == 0
     assert _archived_statuses(spark, config) == ["DELIVERED"] * jobs
     state = "SELECT status, exported_rows FROM job_partition WHERE name = 'job_p0'"
     assert query(config, state) == [{"status": "EXPORTED", "exported_rows": jobs}]
@@ -161,9 +128,9 @@ def test_the_row_batches_export_reads_the_replica_and_deletes_on_the_primary(
     archive = summary["archive"]
     assert archive["archived_messages"] == len(dataset.old_terminal)
     assert archive["read_from"] == {"replica": archive["batches"]}
-    assert _statement_calls(pair.replica, database, "archived_message") > 0
-    assert _statement_calls(pair.replica, database, "archived_job") > 0
-    assert _statement_calls(pair.primary, database, "archived_message") == 0
+    assert statement_calls(pair.replica, database, "archived_message") > 0
+    assert statement_calls(pair.replica, database, "archived_job") > 0
+    assert statement_calls(pair.primary, database, "archived_message") == 0
     assert query(config, "SELECT count(*) AS n FROM message") == [{"n": 0}]
 
 
@@ -172,7 +139,7 @@ def test_a_replica_behind_is_waited_for_then_read(
 ) -> None:
     config = _config(pair, database, tmp_path, partitions=True)
     _closed_partition(config)
-    _replayed(pair, database)
+    replayed(pair, database)
     waited: list[str] = []
 
     def resume(what: str) -> None:
@@ -202,7 +169,7 @@ def test_a_replica_still_behind_after_replica_wait_leaves_the_export_to_the_prim
 ) -> None:
     config = _config(pair, database, tmp_path, partitions=True, wait="1s")
     _closed_partition(config)
-    _replayed(pair, database)
+    replayed(pair, database)
     pause_replay(pair)
     try:
         jobs = _finish_jobs(config)
@@ -215,7 +182,7 @@ def test_a_replica_still_behind_after_replica_wait_leaves_the_export_to_the_prim
     assert summary["partitions"]["read_from"] == {"primary": 1}
     assert "partition job_p0: reading the primary: the replica replayed to" in err.getvalue()
     assert "after replica-wait 1 s" in err.getvalue()
-    assert _statement_calls(pair.replica, database, "archived_partition") == 0
+    assert statement_calls(pair.replica, database, "archived_partition") == 0
     assert _archived_statuses(spark, config) == ["DELIVERED"] * jobs
 
 
