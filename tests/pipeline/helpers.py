@@ -81,3 +81,17 @@ def chart_data(page: str) -> list[dict[str, Any]]:
     body = page[start:].split(">", 1)[1].split("</script>", 1)[0]
     data: list[dict[str, Any]] = json.loads(body)
     return data
+
+
+# A job for one message, made as the NATS bridge's history copy makes one (app/store/backfill.py:
+# the message locked FOR KEY SHARE), but without its look at the message partition's state: a
+# job pointing at the message however it came there.
+COPY_JOB = """
+INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
+                 earliest_next_attempt_at, status_changed_at, created_at)
+SELECT m.pk, (SELECT min(pk) FROM consumer), 'QUEUED', m.priority, length(m.payload),
+       now(), now(), now()
+FROM message m WHERE m.pk = %s
+FOR KEY SHARE OF m
+RETURNING id
+"""

@@ -15,19 +15,7 @@ from app.pipeline.job import run
 from app.pipeline.state import Batch
 from tests.helpers.waiting import eventually_sync
 from tests.pipeline import data
-from tests.pipeline.helpers import batches, query, url
-
-# What app/store/backfill.py runs for one message, as one statement: the job, its message
-# locked FOR KEY SHARE.
-COPY = """
-INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
-                 earliest_next_attempt_at, status_changed_at, created_at)
-SELECT m.pk, (SELECT min(pk) FROM consumer), 'QUEUED', m.priority, length(m.payload),
-       now(), now(), now()
-FROM message m WHERE m.pk = %s
-FOR KEY SHARE OF m
-RETURNING id
-"""
+from tests.pipeline.helpers import COPY_JOB, batches, query, url
 
 # The archive's connection (any but the copy's) waiting for a lock in its delete transaction.
 ARCHIVE_WAITING = """
@@ -71,7 +59,7 @@ def test_a_copy_running_beside_the_archive_keeps_its_message(
         # Exported, not deleted yet: the copy takes its lock and writes its job, uncommitted,
         # and commits only once the archive's delete has come to wait for it.
         if step == "exported" and not job_ids:
-            row = copier.execute(COPY, (copied,)).fetchone()
+            row = copier.execute(COPY_JOB, (copied,)).fetchone()
             assert row is not None, "the message to copy is there"
             job_ids.append(int(row[0]))
             threading.Thread(target=commit_once_the_archive_waits, daemon=True).start()

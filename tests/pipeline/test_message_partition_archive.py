@@ -20,7 +20,7 @@ from app.config import Config
 from app.pipeline.job import run
 from app.pipeline.partitions import MESSAGE_DATASET, MESSAGE_KIND, archived_partitions
 from tests.pipeline.conftest import pipeline_config
-from tests.pipeline.helpers import MESSAGE_COLUMNS, _python, archived, query
+from tests.pipeline.helpers import COPY_JOB, MESSAGE_COLUMNS, _python, archived, query
 from tests.pipeline.partitions import (
     STATE,
     broker,
@@ -30,19 +30,6 @@ from tests.pipeline.partitions import (
     jobs_leave_with_their_partition,
     messages,
 )
-
-# A job for one message, made as app/store/backfill.py makes one (the message locked FOR KEY
-# SHARE) but without its look at the partition's state: a job pointing into the partition
-# however it came there.
-COPY = """
-INSERT INTO job (message_pk, consumer_pk, status, priority, payload_size,
-                 earliest_next_attempt_at, status_changed_at, created_at)
-SELECT m.pk, (SELECT min(pk) FROM consumer), 'QUEUED', m.priority, length(m.payload),
-       now(), now(), now()
-FROM message m WHERE m.pk = %s
-FOR KEY SHARE OF m
-RETURNING id
-"""
 
 
 @pytest.fixture
@@ -164,7 +151,7 @@ def test_a_job_copied_in_before_the_mark_keeps_the_partition(
         # export's check and before its mark.
         if step == "exported" and name == "message_p0":
             with psycopg.connect(config.database.connection_url) as conn:
-                row = conn.execute(COPY, (copied,)).fetchone()
+                row = conn.execute(COPY_JOB, (copied,)).fetchone()
                 assert row is not None
                 made.append(int(row[0]))
 
@@ -194,7 +181,7 @@ def test_a_job_copied_in_after_the_mark_holds_the_drop_and_the_batches_keep_off(
     def copy_after_mark(step: str, name: str) -> None:
         if step == "marked" and name == "message_p0":
             with psycopg.connect(config.database.connection_url) as conn:
-                assert conn.execute(COPY, (copied,)).fetchone() is not None
+                assert conn.execute(COPY_JOB, (copied,)).fetchone() is not None
 
     summary = run("archive", config, spark=spark, partition_hook=copy_after_mark)
     assert summary["status"] == "ok", summary
