@@ -411,18 +411,20 @@ class Variant:
             steps[step]["read_from"] = dict(read_from)
             return summary
 
-        async def sweeper_round(step: str) -> None:
-            # The brokers' own sweepers run the same rounds on their interval and may take a
-            # step first: what was dropped is read from the partitions' state, whoever did it.
-            before = await self.dropped_partitions()
+        async def sweeper_round(step: str, before: list[str]) -> None:
+            # The variant's own broker sweeper runs the same round on its period and may take
+            # the step first, as soon as the archive has marked: what was dropped is read from
+            # the partitions' state (`before`: taken ahead of the archive), whoever did it.
             started = time.monotonic()
             report = await self.retention().run_round()
+            after = await self.kept_partitions()
             steps[step] = {
                 "seconds": round(time.monotonic() - started, 3),
                 "detached": report.detached,
-                "dropped": [n for n in await self.dropped_partitions() if n not in before],
+                "dropped": [n for n in before if n not in after],
             }
 
+        kept = await self.kept_partitions() if self.partitions else []
         first = await pipeline("archive")
         if self.partitions:
             steps["archive"]["exported"] = first.get("partitions", {}).get("exported", [])
@@ -434,22 +436,21 @@ class Variant:
             steps["archive"]["messages"] = whole.get("messages", 0)
             # The sweeper's round (its interval not over: no rotation) detaches and drops the
             # job partition, then forgets the message partition's keys, detaches and drops it.
-            await sweeper_round("detach+drop")
+            await sweeper_round("detach+drop", kept)
         else:
             steps["archive"]["archived_jobs"] = first.get("archive", {}).get("archived_jobs", 0)
         # The bench keeps no archive: 20M jobs of Parquet would only fill the disk.
         await asyncio.to_thread(shutil.rmtree, self.root / "archive", True)
         return steps
 
-    async def dropped_partitions(self) -> list[str]:
-        """The job partitions and then the message partitions the broker has dropped, each in
-        key order."""
-        from app.store.partitions import DROPPED, JOBS, MESSAGES, PartitionStore
+    async def kept_partitions(self) -> list[str]:
+        """The job partitions and then the message partitions not dropped yet, each in key
+        order."""
+        from app.store.partitions import JOBS, MESSAGES, PartitionStore
 
         names: list[str] = []
         for of in (JOBS, MESSAGES):
-            parts = await PartitionStore(self.database, of).partitions()
-            names += [p.name for p in parts if p.status == DROPPED]
+            names += [p.name for p in await PartitionStore(self.database, of).partitions()]
         return names
 
     def retention(self, interval: float = 86400.0) -> Any:
