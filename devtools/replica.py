@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
+from app.priority import autogroups_on, nice_autogroup
 from devtools.pg import Cluster
 
 # The primary's own address: the replica gets its own.
@@ -73,5 +74,9 @@ def standby_of(
         f"-c {key}={shlex.quote(value)}" for key, value in chosen.items()
     )
     replica.up()
+    if niceness and autogroups_on():
+        # pg_ctl starts the postmaster in a session of its own, where its nice value alone
+        # would order it only against its own backends (app/priority.py).
+        nice_autogroup(niceness, replica.postmaster_pid())
     replica.wait_streaming()
     return replica

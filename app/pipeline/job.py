@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from pyspark.sql import SparkSession
 
+from app import priority
 from app.config import Config, ConfigError, load_config
 from app.domain.replica import ReadFrom
 from app.logging import warn_ignored_keys
@@ -82,7 +83,29 @@ def apply_niceness(wanted: int, progress: Progress) -> int:
         # Lowering it back needs privileges an archive should not have: said, not attempted.
         note = "" if current == wanted else f" ([pipeline] niceness {wanted}: already nicer)"
         progress.line(f"running at niceness {current}{note}")
+    if wanted and priority.autogroups_on():
+        _nice_session(wanted, progress)
     return current
+
+
+def _nice_session(wanted: int, progress: Progress) -> None:
+    """Under scheduler autogroups a nice value orders this process only within its session
+    (app/priority.py): in a session this process leads (setsid, a supervisor), the session's
+    own value is raised too; a session it does not lead belongs to whoever started it, and is
+    left alone with a line saying what to do."""
+    group = priority.autogroup_nice()
+    if group is None or group >= wanted:
+        return
+    if os.getsid(0) != os.getpid():
+        progress.line(
+            f"niceness {wanted} orders this process only within the session that started it "
+            "(scheduler autogroups): start the archive in a session of its own (setsid) for "
+            "it to yield to the broker"
+        )
+    elif priority.nice_autogroup(wanted):
+        progress.line(f"session (autogroup) at niceness {wanted}")
+    else:
+        progress.line(f"could not set this session's autogroup niceness to {wanted}")
 
 
 def run(

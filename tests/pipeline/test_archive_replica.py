@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from app.config import Config
 from app.pipeline.job import run
 from app.pipeline.partitions import archived_partitions
+from app.priority import autogroup_nice, autogroups_on
 from devtools.replica import standby_of
 from tests.helpers.replica import (
     Pair,
@@ -212,6 +213,9 @@ def test_a_replica_made_from_a_url_streams_at_the_niceness_asked(pair: Pair) -> 
     try:
         # The postmaster, and so every process it forks (the startup process replaying WAL).
         assert os.getpriority(os.PRIO_PROCESS, replica.postmaster_pid()) == 5
+        # pg_ctl gave it a session of its own: under autogroups that session yields too.
+        if autogroups_on():
+            assert autogroup_nice(replica.postmaster_pid()) == 5
         with psycopg.connect(replica.url(pair.template), autocommit=True) as conn:
             row = conn.execute("SELECT pg_is_in_recovery(), current_setting('port')").fetchone()
         assert row == (True, str(replica.port))
