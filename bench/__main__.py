@@ -95,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     )
     p.add_argument("--retention-cycle", type=int, help="jobs per retention cycle (default 1000000)")
     p.add_argument(
+        "--retention-control",
+        type=float,
+        help="a control run of the retention scenarios: no archive, a wait of this many seconds "
+        "in its place, to show what the windows differ by without one",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="py-spy one API process in an extra run of each paired scenario",
@@ -143,6 +149,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         "push_dispatchers",
         "retention_jobs",
         "retention_cycle",
+        "retention_control",
     ):
         value = getattr(a, name)
         if value is not None:

@@ -54,6 +54,7 @@ class Settings:
     # bench/retention.py: 0 = the 20,000,000 when named in --only
     retention_jobs: int = 0
     retention_cycle: int = 1_000_000
+    retention_control: float = 0.0
     profile: bool = False
     durable: bool = False
     keep: bool = False
