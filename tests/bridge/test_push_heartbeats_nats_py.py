@@ -10,6 +10,8 @@ client mode the reply is under `$WB.ACK`, a listed difference, kept here as a st
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import httpx
 import nats
@@ -20,27 +22,72 @@ from tests.bridge.conftest import BridgeFactory, uncapped_only
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import Publish, http_publisher, on_jetstream
 
+T = TypeVar("T")
+
+
+def is_status(msg: Msg) -> bool:
+    """A status message (an idle heartbeat here), not a delivery."""
+    return bool((msg.headers or {}).get("Status"))
+
+
+def shown(msg: Msg) -> object:
+    """A message on the deliver subject as a failure reports it: a delivery's payload and
+    reply, a status message's headers."""
+    return dict(msg.headers or {}) if is_status(msg) else (msg.data, msg.reply)
+
 
 async def script(url: str, publish: Publish) -> list[bytes]:
     """Two deliveries, an idle heartbeat, a third delivery; what arrives."""
-    nc = await nats.connect(url)
-    watcher = await nats.connect(url)
+    errors: list[Exception] = []
+
+    async def record(error: Exception) -> None:
+        errors.append(error)
+
+    nc = await nats.connect(url, error_cb=record)
+    watcher = await nats.connect(url, error_cb=record)
     got: asyncio.Queue[Msg] = asyncio.Queue()
+    seen: list[Msg] = []
+    delivered = asyncio.Event()
+    beat_after_deliveries = asyncio.Event()
+
+    async def watch(msg: Msg) -> None:
+        seen.append(msg)
+        if is_status(msg) and delivered.is_set():
+            beat_after_deliveries.set()
+
+    async def within(waited: Awaitable[T], seconds: float, what: str) -> T:
+        """`waited`, or a TimeoutError that says what nats-py reported and what the deliver
+        subject carried (deliveries and heartbeats, as the watcher saw them)."""
+        try:
+            return await asyncio.wait_for(waited, seconds)
+        except TimeoutError:
+            raise TimeoutError(
+                f"no {what} within {seconds} s; nats-py's errors: {errors!r}; "
+                f"the deliver subject carried: {[shown(m) for m in seen]!r}"
+            ) from None
+
     try:
         sub = await nc.jetstream().subscribe(
             "orders", durable="hbd", stream="orders", cb=got.put, idle_heartbeat=0.5
         )
+        # nats-py's subscribe returns before its SUB has reached the server. Were the
+        # watcher's SUB (another connection) there first, the consumer would deliver the first
+        # message to the watcher alone, which never acks it (redelivered only after the 30 s
+        # ack wait): the subscription would miss it. So the SUBs go in order, round trips.
+        await nc.flush()
         deliver = sub._sub._subject  # noqa: SLF001 (the inbox nats-py made)
-        beats = await watcher.subscribe(deliver)
+        await watcher.subscribe(deliver, cb=watch)
+        await watcher.flush()
         await publish(["first", "second"])
-        # Deadlines, not paces: a CI run once saw real JetStream take past 10 s here under load.
-        arrived = [(await asyncio.wait_for(got.get(), 30)).data for _ in range(2)]
+        # Deadlines, not paces.
+        arrived = [(await within(got.get(), 30, "delivery")).data for _ in range(2)]
+        delivered.set()
         # An idle heartbeat after the deliveries (Nats-Last-Consumer 2): nats-py checks it
-        # against the last delivery's reply.
-        while not ((await beats.next_msg(timeout=15)).headers or {}).get("Status"):
-            pass
+        # against the last delivery's reply. Heartbeats come only after 0.5 s without a
+        # delivery, so one the watcher sees once both have arrived here was sent after them.
+        await within(beat_after_deliveries.wait(), 15, "idle heartbeat after the deliveries")
         await publish(["third"])
-        arrived.append((await asyncio.wait_for(got.get(), 30)).data)
+        arrived.append((await within(got.get(), 30, "delivery after the heartbeat")).data)
         return arrived
     finally:
         await nc.close()
