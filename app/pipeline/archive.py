@@ -296,7 +296,9 @@ class Archiver:
                     f"batch {batch.id}: {rows} {table} rows left after removing kept messages,"
                     f" {expected} were deleted from the database"
                 )
-            self._fs.delete(target)
+            if not self._fs.delete(target):
+                # A rename onto what is left would nest the staged copy inside it.
+                raise OSError(f"batch {batch.id}: could not remove {target} to replace it")
             self._hook(f"{table}-staged", batch)
         if self._fs.exists(staging):
             self._fs.rename(staging, target)

@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+import psycopg
 from pyspark.sql import SparkSession
 
 from app import priority
@@ -212,6 +213,19 @@ def _run_locked(
                 "eligible_jobs": jobs,
                 "unfinished_batches": unfinished,
             }
+            if by_partition:
+                result.update(_partition_plan(config, reads, conn, progress))
+                # As the run would: batches wait while a job partition is on its way out,
+                # those this run would mark included.
+                waits = store.partitions_in_flight() + [
+                    p["partition"] for p in result["partitions"]["would_export"]
+                ]
+                if waits:
+                    result["archive"]["batches_wait_for"] = waits
+                    progress.line(
+                        f"dry run: message batches would wait for the broker to drop"
+                        f" {', '.join(waits)}"
+                    )
             if command == "archive":
                 return result
         owned = spark is None
@@ -240,6 +254,19 @@ def _run_locked(
             if owned:
                 session.stop()
     return result
+
+
+def _partition_plan(
+    config: Config, reads: ExportReads, conn: psycopg.Connection[Any], progress: Progress
+) -> dict[str, Any]:
+    """The partitions an archive run would export whole now, message partitions first as the
+    run takes them; nothing written or marked (and no Spark started)."""
+    return {
+        "message_partitions": MessagePartitionArchiver(
+            None, config.pipeline, reads, conn, progress
+        ).plan(),
+        "partitions": PartitionArchiver(None, config.pipeline, reads, conn, progress).plan(),
+    }
 
 
 def _report_on_replica(

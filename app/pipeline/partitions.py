@@ -14,8 +14,12 @@ Parquet and read back, then marked EXPORTED, which is the broker's cue to detach
 A partition's files count as archived once its state says EXPORTED (or later): a run that
 stops before the mark exports the partition again next time (the write replaces the
 partition's directory); one that stops after it leaves the rest to the broker's sweeper, which
-finishes whatever step it finds. A mark the database refuses (a job made for one of the
-partition's messages meanwhile) removes the files again.
+finishes whatever step it finds. The mark is refused when the partition changed since it was
+counted (a job made for one of its messages; a row gone: a scheduled message cancelled, a
+consumer's jobs deleted), so the files hold exactly what the broker drops; a refused mark
+removes the files again. Files the state does not account for (a refused mark whose removal
+failed, a crash before the mark) are removed at the start of the next run, before anything is
+exported, and the run fails while they cannot be: no reader and no read-back counts them.
 """
 
 from __future__ import annotations
@@ -56,9 +60,12 @@ WHERE status = 'ATTACHED' AND closed_at IS NOT NULL
 ORDER BY upper_id
 """
 
+# The rows counted before the export must all still be there: a consumer's deletion that
+# removed some of them meanwhile leaves the partition ATTACHED, to be exported again.
 _MARK = """
 UPDATE job_partition SET status = 'EXPORTED', exported_rows = %(rows)s, changed_at = now()
 WHERE name = %(name)s AND status = 'ATTACHED'
+  AND (SELECT count(*) FROM job WHERE id >= %(low)s AND id < %(high)s) = %(rows)s
 """
 
 # Nothing may point into a message partition that leaves whole: no job (app/store/partitions.py
@@ -77,11 +84,14 @@ AND NOT EXISTS (
 _MESSAGES_FREE_NOW = f"SELECT {_MESSAGES_FREE}"
 
 # The check again, in the statement that marks: a job the NATS bridge's history copy (or a job
-# partition's re-homing) committed since the first check keeps the partition ATTACHED. The row
-# is locked first, by a statement of its own: a copy holds it FOR SHARE while it makes jobs
-# (app/store/backfill.py), and the mark's check must see those jobs, which a snapshot taken
-# before the lock was granted would not (an UPDATE only waiting for a row's lockers keeps its
-# snapshot). A copy after the mark finds the row EXPORTED and makes no job into it.
+# partition's re-homing) committed since the first check keeps the partition ATTACHED, and so
+# does a message gone since the count (a scheduled message's cancel deletes it, with its key):
+# the files would hold a message the broker no longer has. The row is locked first, by a
+# statement of its own: a copy, and a cancel, hold it FOR SHARE while they work
+# (app/store/backfill.py, app/store/messages.py), and the mark's check must see what they
+# committed, which a snapshot taken before the lock was granted would not (an UPDATE only
+# waiting for a row's lockers keeps its snapshot). A copy or a cancel after the mark finds the
+# row EXPORTED and leaves the partition's messages alone.
 _LOCK_MESSAGES = """
 SELECT 1 FROM message_partition WHERE name = %(name)s FOR NO KEY UPDATE
 """
@@ -89,7 +99,12 @@ _MARK_MESSAGES = f"""
 UPDATE message_partition SET status = 'EXPORTED', exported_rows = %(rows)s, changed_at = now()
 WHERE name = %(name)s AND status = 'ATTACHED' AND closed_at IS NOT NULL
   AND {_MESSAGES_FREE}
+  AND (SELECT count(*) FROM message WHERE pk >= %(low)s AND pk < %(high)s) = %(rows)s
 """
+
+# Each partition directory in the archive root, with the state of its partition: files the
+# state does not account for are stale (see _Archiver.clean).
+_STATES = "SELECT name, status, exported_rows FROM {state} WHERE name = ANY(%(names)s)"
 
 _JOB_SQL = """(SELECT j.id, j.message_pk, j.consumer_pk, c.channel_id, c.consumer_id, j.status,
         j.priority, j.payload_size, j.attempt, j.retry_count, j.timeout_count,
@@ -172,6 +187,8 @@ class PartitionSummary:
     rows: int = 0
     skipped: list[str] = field(default_factory=list)  # something left in them, or pointing in
     read_from: dict[str, int] = field(default_factory=dict)  # exports by database read
+    stale_removed: list[str] = field(default_factory=list)  # files no state accounted for
+    stale_left: list[str] = field(default_factory=list)  # a refused mark's, not removable now
 
     @property
     def jobs(self) -> int:
@@ -182,6 +199,10 @@ class PartitionSummary:
         out["waiting"] = self.skipped
         if self.read_from:
             out["read_from"] = self.read_from
+        if self.stale_removed:
+            out["stale_files_removed"] = self.stale_removed
+        if self.stale_left:
+            out["stale_files_left"] = self.stale_left
         return out
 
 
@@ -194,7 +215,7 @@ class _Archiver:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | None,  # None: plan() only (a dry run starts no Spark)
         config: PipelineConfig,
         reads: ExportReads,
         conn: psycopg.Connection[Any],
@@ -209,8 +230,15 @@ class _Archiver:
         self._hook = hook or (lambda step, name: None)
         self.summary = PartitionSummary(self.kind.rows)
 
+    @property
+    def _session(self) -> SparkSession:
+        if self._spark is None:
+            raise RuntimeError("a partition archive without a SparkSession can only plan")
+        return self._spark
+
     def run(self) -> PartitionSummary:
         before = self._reads.read_from.copy()  # the run's other archivers count there too
+        self.clean()
         for name, low, high in self._candidates():
             rows = self._ready(name, low, high)
             if rows is None:
@@ -222,6 +250,79 @@ class _Archiver:
             self._export(name, low, high, rows)
         self.summary.read_from = dict(self._reads.read_from - before)
         return self.summary
+
+    def plan(self) -> dict[str, Any]:
+        """What run() would export now, as it would take each partition (its rows, its first
+        and last key, the JDBC reads it would split into), with nothing written or marked:
+        for --dry-run. The order and the checks are run()'s."""
+        kind = self.kind
+        planned: list[dict[str, Any]] = []
+        waiting: list[str] = []
+        for name, low, high in self._candidates():
+            rows = self._ready(name, low, high)
+            if rows is None:
+                waiting.append(name)
+                continue
+            if rows == 0 and self._empty_left_to_broker:
+                continue
+            first, last = self._bounds(name)
+            self._progress.line(
+                f"dry run: partition {name} would be exported whole, {rows} {kind.rows}"
+                f" ({kind.key} {first}..{last})"
+            )
+            planned.append(
+                {
+                    "partition": name,
+                    kind.rows: rows,
+                    f"first_{kind.key}": first,
+                    f"last_{kind.key}": last,
+                    "jdbc_partitions": self._jdbc_partitions(rows),
+                    "path": partition_dir(self._config.archive_root, name, kind.dataset),
+                }
+            )
+        total = sum(int(p[kind.rows]) for p in planned)
+        return {"would_export": planned, kind.rows: total, "waiting": waiting}
+
+    def clean(self) -> None:
+        """Remove the partition directories whose files the state does not account for, before
+        anything is exported: those of a partition still ATTACHED (a refused mark whose removal
+        failed, a crash before the mark; its next export writes it again from scratch) and
+        those of one the broker's sweeper marked EXPORTED with no rows (a message partition the
+        batch archive emptied after an earlier export of it was refused). A partition this
+        archive marked with rows holds its own files only: it is marked once, and only an
+        ATTACHED one is exported. Files that cannot be removed fail the run: left, a reader (or
+        the sweeper's later mark) would take them for archived rows."""
+        kind = self.kind
+        root = self._config.archive_root
+        fs = ArchiveFs(self._session, root)
+        prefix = "partition="
+        names = [
+            d[len(prefix) :]
+            for d in fs.subdirectories(f"{root.rstrip('/')}/{kind.dataset}")
+            if d.startswith(prefix) and d[len(prefix) :].startswith(f"{kind.table}_p")
+        ]
+        if not names:
+            return
+        with self._conn.transaction():
+            rows = self._conn.execute(_STATES.format(state=kind.state), {"names": names}).fetchall()
+        for name, status, exported in rows:
+            target = partition_dir(root, str(name), kind.dataset)
+            # Only the sweeper marks a partition with no rows (of the kinds it empties).
+            emptied = self._empty_left_to_broker and exported == 0
+            stale = status == "ATTACHED" or (emptied and fs.has_data(target))
+            if not stale:
+                continue
+            if not fs.delete(target):
+                raise OSError(
+                    f"partition {name} ({status}): files the archive state does not account"
+                    f" for at {target} could not be removed; remove them (or make them"
+                    " removable) and run again"
+                )
+            self.summary.stale_removed.append(str(name))
+            self._progress.line(f"partition {name}: removed files of an export never marked")
+
+    def _jdbc_partitions(self, rows: int) -> int:
+        return max(1, min(self._config.jdbc_partitions, rows // _ROWS_PER_JDBC_PARTITION))
 
     def _candidates(self) -> list[tuple[str, int, int]]:
         sql = _CANDIDATES.format(state=self.kind.state, min_key=_MIN_KEY)
@@ -249,7 +350,7 @@ class _Archiver:
         """The partition's rows read from `jdbc`, written and read back: rows in the files."""
         kind = self.kind
         source = (
-            self._spark.read.format("jdbc")
+            self._session.read.format("jdbc")
             .options(**jdbc.options(self._config.jdbc_fetch_size))
             .option("dbtable", kind.source.format(name=name))
             .option("partitionColumn", kind.key)
@@ -262,7 +363,7 @@ class _Archiver:
         with_day(conform(source, kind.schema), kind.day).write.mode("overwrite").partitionBy(
             "dt"
         ).parquet(target)
-        return int(read_partition_files(self._spark, target, kind.schema).count())
+        return int(read_partition_files(self._session, target, kind.schema).count())
 
     def _export(self, name: str, low: int, high: int, expected: int) -> None:
         started = time.monotonic()
@@ -270,9 +371,7 @@ class _Archiver:
         target = partition_dir(self._config.archive_root, name, kind.dataset)
         for _ in range(2):
             keys = self._bounds(name)
-            partitions = max(
-                1, min(self._config.jdbc_partitions, expected // _ROWS_PER_JDBC_PARTITION)
-            )
+            partitions = self._jdbc_partitions(expected)
             # Counted just now, with nothing left that the broker writes again (jobs all
             # delivered; messages no job points at), so a replica past this moment holds the
             # partition as the primary does. A consumer's deletion may remove jobs, which the
@@ -292,9 +391,15 @@ class _Archiver:
         self._hook("exported", name)
         if not self._mark(name, low, high, expected):
             # Its files never counted (not EXPORTED); removed so that none mislead a reader.
-            ArchiveFs(self._spark, self._config.archive_root).delete(target)
             self.summary.skipped.append(name)
-            self._progress.line(f"partition {name}: {self._waits_for} meanwhile, later")
+            self._progress.line(f"partition {name}: changed since its export, later")
+            if not ArchiveFs(self._session, self._config.archive_root).delete(target):
+                # The next run's clean() removes them before it exports anything.
+                self.summary.stale_left.append(name)
+                self._progress.line(
+                    f"partition {name}: could not remove its refused export's files at"
+                    f" {target}; the next run removes them first"
+                )
             return
         self._hook("marked", name)
         self.summary.exported.append(name)
@@ -319,8 +424,9 @@ class PartitionArchiver(_Archiver):
         return None if row[1] else int(row[0])
 
     def _mark(self, name: str, low: int, high: int, rows: int) -> bool:
+        params = {"rows": rows, "name": name, "low": low, "high": high}
         with self._conn.transaction():
-            return bool(self._conn.execute(_MARK, {"rows": rows, "name": name}).rowcount)
+            return bool(self._conn.execute(_MARK, params).rowcount)
 
 
 class MessagePartitionArchiver(_Archiver):

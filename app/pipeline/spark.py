@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -87,8 +88,23 @@ class ArchiveFs:
                 return True
         return False
 
-    def delete(self, path: str) -> None:
-        self._fs.delete(self._path(path), True)
+    def delete(self, path: str) -> bool:
+        """Remove `path` and everything under it; False when some of it is still there
+        (Hadoop's local file system reports a failed delete by its result, others by an
+        IOException: either way the caller decides what a left file means)."""
+        with contextlib.suppress(Exception):  # py4j's error for the JVM's IOException
+            self._fs.delete(self._path(path), True)
+        return not self.exists(path)
+
+    def subdirectories(self, path: str) -> list[str]:
+        """Names of the directories right under `path` (none when it does not exist)."""
+        if not self.exists(path):
+            return []
+        return [
+            str(status.getPath().getName())
+            for status in self._fs.listStatus(self._path(path))
+            if status.isDirectory()
+        ]
 
     def rename(self, source: str, target: str) -> None:
         parent = self._path(target).getParent()

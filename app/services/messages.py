@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from datetime import UTC, datetime
 
 from app.domain.errors import Conflict, NotFound
 from app.domain.models import Cursor, Job, Message, Page
@@ -54,6 +55,9 @@ class MessageQueries:
             message = await store.get(channel_id, message_id)
             if message is None or message.scheduled_for is None:
                 raise NotFound(f"no scheduled message {message_id!r} in channel {channel_id!r}")
+            if message.scheduled_for > datetime.now(UTC):
+                # Its message partition was exported whole (app/store/messages.py).
+                raise Conflict(f"message {message_id!r} is archived: it can no longer be cancelled")
             raise Conflict(f"message {message_id!r} was dispatched already: its jobs are due")
 
     async def get(

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Insert, Row, Select, delete, func, insert, literal, or_, select
+from sqlalchemy import Insert, Row, Select, and_, delete, func, insert, literal, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.errors import Conflict, InvalidInput
@@ -16,7 +16,8 @@ from app.domain.models import Cursor, Message, Page
 from app.store.db import Tx, now
 from app.store.ledger import LedgerStore
 from app.store.pagination import decode_int_cursor, page_bounds, paginate
-from app.store.schema import consumer, job, message, message_key
+from app.store.partitions import ATTACHED, MIN_ID
+from app.store.schema import consumer, job, message, message_key, message_partition
 from app.store.types import Timestamp
 
 
@@ -157,13 +158,29 @@ class MessageStore:
         # and stay so (none is due yet). Its jobs and its key go after it, in this transaction
         # (no foreign key cascades: migration 0021), and the ledger counts the jobs removed.
         not_due = message.c.scheduled_for > now(self._tx.dialect)
-        found = (
-            await self._tx.conn.execute(
-                select(message.c.pk)
-                .where(message.c.pk == pk_of(channel_id, message_id), not_due)
-                .with_for_update()
+        picked = select(message.c.pk).where(message.c.pk == pk_of(channel_id, message_id), not_due)
+        if self._tx.dialect == "postgresql":
+            # Only in an ATTACHED message partition, its state row locked FOR SHARE: one
+            # exported whole is in the archive as it was marked, and the mark locks this row
+            # before re-counting its messages (app/pipeline/partitions.py), so a cancel either
+            # committed before and the mark is refused, or finds it EXPORTED and deletes nothing.
+            part = message_partition
+            picked = (
+                picked.join_from(
+                    message,
+                    part,
+                    and_(
+                        message.c.pk >= func.coalesce(part.c.lower_id, MIN_ID),
+                        message.c.pk < part.c.upper_id,
+                        part.c.status == ATTACHED,
+                    ),
+                )
+                .with_for_update(of=message)
+                .suffix_with(f"FOR SHARE OF {part.name}")
             )
-        ).scalar_one_or_none()
+        else:
+            picked = picked.with_for_update()
+        found = (await self._tx.conn.execute(picked)).scalar_one_or_none()
         if found is None:
             return False
         owed = Counter(
