@@ -92,6 +92,8 @@ async def queue_script(url: str, publish: Publish) -> dict[str, Any]:
 
         await first.jetstream().subscribe("orders", queue="grp", cb=collector("a"))
         await second.jetstream().subscribe("orders", queue="grp", cb=collector("b"))
+        # Its SUB on the server before the first publish, or the first member may take them all.
+        await second.flush()
         info = await request(first, "CONSUMER.INFO.orders.grp")
         r["config"] = pushed_config(info)
         names = [f"q{i:02d}" for i in range(30)]
