@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -14,11 +15,16 @@ from pyspark.sql import SparkSession
 
 from app.config import Config
 from app.pipeline.job import run
-from app.pipeline.partitions import PartitionHook
+from app.pipeline.partitions import (
+    MESSAGE_DATASET,
+    MESSAGE_KIND,
+    PartitionHook,
+    archived_partitions,
+)
 from app.services.retention import RetentionService
 from app.store.db import Database
 from tests.pipeline import data
-from tests.pipeline.helpers import MESSAGES_SQL, query
+from tests.pipeline.helpers import MESSAGES_SQL, _python, query
 
 T = TypeVar("T")
 
@@ -115,3 +121,16 @@ def jobs_leave_with_their_partition(config: Config, spark: SparkSession) -> None
 def messages(config: Config) -> list[dict[str, Any]]:
     pks = [r["pk"] for r in query(config, "SELECT pk FROM message")]
     return query(config, MESSAGES_SQL, pks)
+
+
+def archived_whole(spark: SparkSession, config: Config) -> list[dict[str, Any]]:
+    frame = archived_partitions(
+        spark, config.pipeline.archive_root, ["message_p0"], kind=MESSAGE_KIND
+    )
+    if frame is None:
+        return []
+    return [_python(row.asDict()) for row in frame.orderBy("pk").collect()]
+
+
+def files(config: Config) -> list[Path]:
+    return list((Path(config.pipeline.archive_root) / MESSAGE_DATASET).rglob("*.parquet"))

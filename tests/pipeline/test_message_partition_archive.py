@@ -10,7 +10,6 @@ partition exported whole."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -18,15 +17,16 @@ from pyspark.sql import SparkSession
 
 from app.config import Config
 from app.pipeline.job import run
-from app.pipeline.partitions import MESSAGE_DATASET, MESSAGE_KIND, archived_partitions
 from tests.pipeline.conftest import pipeline_config
-from tests.pipeline.helpers import COPY_JOB, MESSAGE_COLUMNS, _python, archived, query
+from tests.pipeline.helpers import COPY_JOB, MESSAGE_COLUMNS, archived, query
 from tests.pipeline.partitions import (
     STATE,
+    archived_whole,
     broker,
     closed_past_retention,
     crash_at,
     execute,
+    files,
     jobs_leave_with_their_partition,
     messages,
 )
@@ -35,19 +35,6 @@ from tests.pipeline.partitions import (
 @pytest.fixture
 def config(rdbms: str, tmp_path: Path) -> Config:
     return pipeline_config(rdbms, tmp_path, partition_interval="1h")
-
-
-def archived_whole(spark: SparkSession, config: Config) -> list[dict[str, Any]]:
-    frame = archived_partitions(
-        spark, config.pipeline.archive_root, ["message_p0"], kind=MESSAGE_KIND
-    )
-    if frame is None:
-        return []
-    return [_python(row.asDict()) for row in frame.orderBy("pk").collect()]
-
-
-def files(config: Config) -> list[Path]:
-    return list((Path(config.pipeline.archive_root) / MESSAGE_DATASET).rglob("*.parquet"))
 
 
 def test_a_partition_no_job_points_into_is_archived_whole_then_dropped(

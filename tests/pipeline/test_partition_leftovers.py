@@ -29,13 +29,14 @@ from tests.pipeline.conftest import pipeline_config
 from tests.pipeline.helpers import COPY_JOB, MESSAGE_COLUMNS, query
 from tests.pipeline.partitions import (
     STATE,
+    archived_whole,
     broker,
     closed_past_retention,
     execute,
+    files,
     jobs_leave_with_their_partition,
     messages,
 )
-from tests.pipeline.test_message_partition_archive import archived_whole, files
 
 
 @pytest.fixture
