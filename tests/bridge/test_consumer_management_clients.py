@@ -11,7 +11,7 @@ import pytest
 
 from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
-from tests.helpers.js_clients import DRIVERS, Driver, install
+from tests.helpers.js_clients import DRIVERS, ClientProcess, install
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import reference
 
@@ -33,23 +33,23 @@ def failure_seen(answer: dict[str, Any]) -> Any:
 
 
 async def script(kind: str, url: str) -> dict[str, Any]:
-    client = await Driver.start(kind)
+    client = await ClientProcess.spawn(DRIVERS[kind])
     r: dict[str, Any] = {}
     try:
-        await client.call("connect", servers=url)
-        r["add"] = await client.call("add", stream="orders", config=CONFIG)
-        r["info"] = await client.call("info", stream="orders", name="mgr")
-        r["list"] = await client.call("list", stream="orders")
+        await client.answer("connect", servers=url)
+        r["add"] = await client.answer("add", stream="orders", config=CONFIG)
+        r["info"] = await client.answer("info", stream="orders", name="mgr")
+        r["list"] = await client.answer("list", stream="orders")
         changed = {**CONFIG, "ack_wait": 7 * p.NANOS, "description": "changed"}
-        r["update"] = await client.call("update", stream="orders", name="mgr", config=changed)
+        r["update"] = await client.answer("update", stream="orders", name="mgr", config=changed)
         refused = {**changed, "max_waiting": 7}
         r["update_refused"] = failure_seen(
-            await client.call("update", stream="orders", name="mgr", config=refused)
+            await client.answer("update", stream="orders", name="mgr", config=refused)
         )
-        r["delete"] = await client.call("delete", stream="orders", name="mgr")
-        r["info_after"] = failure_seen(await client.call("info", stream="orders", name="mgr"))
-        r["list_after"] = await client.call("list", stream="orders")
-        await client.call("close")
+        r["delete"] = await client.answer("delete", stream="orders", name="mgr")
+        r["info_after"] = failure_seen(await client.answer("info", stream="orders", name="mgr"))
+        r["list_after"] = await client.answer("list", stream="orders")
+        await client.answer("close")
     finally:
         await client.close()
     return r

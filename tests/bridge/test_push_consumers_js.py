@@ -10,7 +10,6 @@ it does for a pull's inbox), and only a leafnode link can give a delivery the st
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
@@ -18,35 +17,27 @@ import httpx
 
 from app.bridge import protocol as p
 from tests.bridge.conftest import BridgeFactory, uncapped_only
-from tests.helpers.js_clients import JS_DIR, Driver, install
+from tests.helpers.js_clients import JS_DIR, ClientProcess, install
 from tests.helpers.natsproc import NatsServer
 from tests.helpers.side_by_side import Publish, http_publisher, reference
 from tests.helpers.waiting import eventually
 
 
-async def push_driver(url: str) -> Driver:
-    proc = await asyncio.create_subprocess_exec(
-        "node",
-        str(JS_DIR / "push.mjs"),
-        cwd=JS_DIR,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        limit=16 * 1024 * 1024,
-    )
-    driver = Driver(proc)
-    assert await driver.call("connect", servers=url) == {"ok": True}
+async def push_driver(url: str) -> ClientProcess:
+    driver = await ClientProcess.spawn(["node", str(JS_DIR / "push.mjs")])
+    assert await driver.answer("connect", servers=url) == {"ok": True}
     return driver
 
 
-async def finish(driver: Driver) -> None:
+async def finish(driver: ClientProcess) -> None:
     """Close the client's connection first: an open one keeps node running past stdin's end."""
     with contextlib.suppress(Exception):
-        await driver.call("close")
+        await driver.answer("close")
     await driver.close()
 
 
-async def received(driver: Driver) -> list[dict[str, Any]]:
-    answer: list[dict[str, Any]] = (await driver.call("received"))["ok"]
+async def received(driver: ClientProcess) -> list[dict[str, Any]]:
+    answer: list[dict[str, Any]] = (await driver.answer("received"))["ok"]
     return answer
 
 
@@ -62,8 +53,8 @@ async def durable_script(url: str, publish: Publish) -> dict[str, Any]:
             "flow_control": True,
             "filter_subject": "orders",
         }
-        r["created"] = await driver.call("add", stream="orders", config=config)
-        r["consume"] = await driver.call("consume", stream="orders", name="jp")
+        r["created"] = await driver.answer("add", stream="orders", config=config)
+        r["consume"] = await driver.answer("consume", stream="orders", name="jp")
         names = [f"j{i}" for i in range(5)]
         await publish(names)
 
@@ -74,17 +65,17 @@ async def durable_script(url: str, publish: Publish) -> dict[str, Any]:
         r["received"] = await eventually(all_received, timeout=20, what="5 deliveries")
 
         async def settled() -> Any:
-            info = (await driver.call("info", stream="orders", name="jp"))["ok"]
+            info = (await driver.answer("info", stream="orders", name="jp"))["ok"]
             return info if info["num_ack_pending"] == 0 else None
 
         r["settled"] = await eventually(settled, timeout=10, what="every delivery acked")
 
         async def beating() -> bool:
-            notices = (await driver.call("notices"))["ok"]
+            notices = (await driver.answer("notices"))["ok"]
             return bool(notices.get("heartbeat"))
 
         r["heartbeat"] = await eventually(beating, timeout=10, what="an idle heartbeat")
-        await driver.call("stop")
+        await driver.answer("stop")
     finally:
         await finish(driver)
     return r
@@ -101,9 +92,9 @@ async def group_script(url: str, publish: Publish) -> dict[str, Any]:
             "ack_policy": "explicit",
             "filter_subject": "orders",
         }
-        r["created"] = await first.call("add", stream="orders", config=config)
+        r["created"] = await first.answer("add", stream="orders", config=config)
         r["consume"] = [
-            await member.call("consume", stream="orders", name="jg") for member in (first, second)
+            await member.answer("consume", stream="orders", name="jg") for member in (first, second)
         ]
         names = [f"g{i:02d}" for i in range(30)]
         await publish(names)

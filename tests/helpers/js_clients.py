@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,16 @@ def argv_of(kind: str) -> list[str]:
 
 
 class ClientProcess:
-    """One client process (tests/js/client.mjs or the nats-jetstream driver): a command in,
-    an answer out."""
+    """One client process (tests/js/*.mjs, or a nats-jetstream driver in tests/clients): a
+    command in as a JSON line, an answer out as one."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
 
     @classmethod
-    async def start(cls, kind: str) -> ClientProcess:
+    async def spawn(cls, argv: Sequence[str]) -> ClientProcess:
         proc = await asyncio.create_subprocess_exec(
-            *argv_of(kind),
+            *argv,
             cwd=JS_DIR,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -66,49 +67,26 @@ class ClientProcess:
         )
         return cls(proc)
 
-    async def call(self, op: str, within: float = 30, **args: Any) -> Any:
+    @classmethod
+    async def start(cls, kind: str) -> ClientProcess:
+        """The official client of `kind` (tests/js/client.mjs or the nats-jetstream one)."""
+        return await cls.spawn(argv_of(kind))
+
+    async def answer(self, op: str, within: float = 30, **args: Any) -> Any:
+        """The answer as the process wrote it: {"ok": ...} or {"error": ...}."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(json.dumps({"op": op, **args}).encode() + b"\n")
         await self._proc.stdin.drain()
         line = await asyncio.wait_for(self._proc.stdout.readline(), within)
-        assert line, f"the node client ended during {op}"
-        answer = json.loads(line)
+        assert line, f"the client ended during {op}"
+        return json.loads(line)
+
+    async def call(self, op: str, within: float = 30, **args: Any) -> Any:
+        """The answer's "ok" part; its "error" raised as a ClientError."""
+        answer = await self.answer(op, within, **args)
         if "error" in answer:
             raise ClientError(f"{op}: {answer['error']}")
         return answer["ok"]
-
-    async def close(self) -> None:
-        if self._proc.returncode is None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            try:
-                await asyncio.wait_for(self._proc.wait(), 10)
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
-
-
-class Driver:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self._proc = proc
-
-    @classmethod
-    async def start(cls, kind: str) -> Driver:
-        proc = await asyncio.create_subprocess_exec(
-            *DRIVERS[kind],
-            cwd=JS_DIR,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        return cls(proc)
-
-    async def call(self, op: str, **args: Any) -> Any:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(json.dumps({"op": op, **args}).encode() + b"\n")
-        await self._proc.stdin.drain()
-        line = await asyncio.wait_for(self._proc.stdout.readline(), 30)
-        assert line, f"the client ended during {op}"
-        return json.loads(line)
 
     async def close(self) -> None:
         if self._proc.returncode is None:
