@@ -25,7 +25,7 @@ exported, and the run fails while they cannot be: no reader and no read-back cou
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -239,13 +239,10 @@ class _Archiver:
     def run(self) -> PartitionSummary:
         before = self._reads.read_from.copy()  # the run's other archivers count there too
         self.clean()
-        for name, low, high in self._candidates():
-            rows = self._ready(name, low, high)
+        for name, low, high, rows in self._taken():
             if rows is None:
                 self.summary.skipped.append(name)
                 self._progress.line(f"partition {name}: {self._waits_for}, later")
-                continue
-            if rows == 0 and self._empty_left_to_broker:
                 continue
             self._export(name, low, high, rows)
         self.summary.read_from = dict(self._reads.read_from - before)
@@ -258,12 +255,9 @@ class _Archiver:
         kind = self.kind
         planned: list[dict[str, Any]] = []
         waiting: list[str] = []
-        for name, low, high in self._candidates():
-            rows = self._ready(name, low, high)
+        for name, _, _, rows in self._taken():
             if rows is None:
                 waiting.append(name)
-                continue
-            if rows == 0 and self._empty_left_to_broker:
                 continue
             first, last = self._bounds(name)
             self._progress.line(
@@ -282,6 +276,15 @@ class _Archiver:
             )
         total = sum(int(p[kind.rows]) for p in planned)
         return {"would_export": planned, kind.rows: total, "waiting": waiting}
+
+    def _taken(self) -> Iterator[tuple[str, int, int, int | None]]:
+        """Each candidate as a run takes it, for run() and plan() alike: its rows to export,
+        or None while it must wait; an empty one the broker drops by itself is left out."""
+        for name, low, high in self._candidates():
+            rows = self._ready(name, low, high)
+            if rows == 0 and self._empty_left_to_broker:
+                continue
+            yield name, low, high, rows
 
     def clean(self) -> None:
         """Remove the partition directories whose files the state does not account for, before
