@@ -27,7 +27,8 @@ def autogroups_on() -> bool:
 
 def autogroup_nice(pid: int | None = None) -> int | None:
     """The nice value of the autogroup of `pid` (this process if None); None where there is
-    none to read."""
+    none to read, as for a process in the root autogroup (init's session, which has no
+    autogroup of its own: the kernel shows its file empty)."""
     try:
         text = Path(f"/proc/{pid or 'self'}/autogroup").read_text()
     except OSError:

@@ -94,8 +94,8 @@ def _nice_session(wanted: int, progress: Progress) -> None:
     (app/priority.py): in a session this process leads (setsid, a supervisor), the session's
     own value is raised too; a session it does not lead belongs to whoever started it, and is
     left alone with a line saying what to do."""
-    group = priority.autogroup_nice()
-    if group is None or group >= wanted:
+    group = priority.autogroup_nice()  # None in the root autogroup (init's session)
+    if group is not None and group >= wanted:
         return
     if os.getsid(0) != os.getpid():
         progress.line(

@@ -148,8 +148,10 @@ def test_in_a_session_of_its_own_the_session_yields_too(pipeline: Config, tmp_pa
 def test_in_a_session_it_does_not_lead_the_session_is_left_alone(
     pipeline: Config, tmp_path: Path
 ) -> None:
+    # None where this test runs in the root autogroup (init's session, as a CI runner may):
+    # the kernel shows that group as an empty file. Either way, not 19.
     ours = autogroup_nice()
-    assert ours is not None and ours < 19
+    assert ours is None or ours < 19
     done, group = _locked_run(pipeline, tmp_path, 19, own_session=False)
     assert done.returncode == EXIT_LOCKED, done.stderr
     assert "start the archive in a session of its own (setsid)" in done.stderr
