@@ -127,6 +127,56 @@ async def test_partitions_are_made_ahead_and_ids_rotate_into_them(
     await counts_match_rows(runtime)
 
 
+async def _churn(client: httpx.AsyncClient, who: PullConsumer, count: int) -> None:
+    """Jobs published, claimed and acked: two dead row versions each."""
+    for n in range(count):
+        await publish(client, f"churn{n}")
+    for job in await pull_jobs(client, who, batch=count):
+        r = await set_state(client, who, job["ID"], {"NextState": "DELIVERED"})
+        assert r.status_code == 202, r.text
+
+
+async def _vacuum_stats(rt: Runtime, name: str) -> tuple[int, int]:
+    rows = await sql(
+        rt,
+        "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = :name",
+        name=name,
+    )
+    return int(rows[0][0]), int(rows[0][1])
+
+
+async def test_the_sweeper_vacuums_only_the_partitions_holding_dead_jobs(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    """A closed partition whose jobs have all finished changes no more: once vacuumed, it is
+    left alone, and only the partition taking jobs is vacuumed again."""
+    (k1,) = await setup_channel(client)
+    service = retention(runtime)
+    await service.maintain()
+    await _churn(client, k1, 10)
+
+    async def dead_in(name: str) -> bool:
+        # Backends report their statistics within seconds, not at once.
+        return (await _vacuum_stats(runtime, name))[0] >= 20
+
+    await eventually(lambda: dead_in("job_p0"), 20, 0.2, what="job_p0's dead row versions")
+    assert await runtime.sweeps.vacuum_if_needed(20)
+    dead, vacuumed = await _vacuum_stats(runtime, "job_p0")
+    assert dead == 0 and vacuumed >= 1
+
+    await interval_over(runtime)
+    await service.maintain()  # job_p0 closed, job_p1 takes the jobs
+    await _churn(client, k1, 10)
+    await eventually(lambda: dead_in("job_p1"), 20, 0.2, what="job_p1's dead row versions")
+    p1_before = (await _vacuum_stats(runtime, "job_p1"))[1]
+    assert await runtime.sweeps.vacuum_if_needed(20)
+    assert await _vacuum_stats(runtime, "job_p0") == (0, vacuumed)
+    assert (await _vacuum_stats(runtime, "job_p1"))[1] == p1_before + 1
+    # Nothing dead anywhere: nothing is vacuumed (a VACUUM naming no table would take the
+    # whole database).
+    assert not await runtime.sweeps.vacuum_if_needed(0)
+
+
 async def test_a_second_sweeper_makes_nothing_twice(runtime: Runtime) -> None:
     a, b = retention(runtime), retention(runtime)
     await asyncio.gather(a.maintain(), b.maintain())

@@ -13,6 +13,7 @@ import pytest
 
 from app.runtime import Runtime
 from app.services.sweeping import SweepService
+from app.store import upkeep
 from app.sweeper.runner import MIN_PAUSE, VACUUM_SPACING, Sweeper, next_vacuum_at
 from tests.helpers.pull import (
     PullConsumer,
@@ -290,11 +291,17 @@ def test_the_next_vacuum_waits_eight_roots_of_the_last_ones_length() -> None:
 async def test_the_sweeper_spaces_its_vacuums(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Asked to look every 10 ms with nothing needed dead, the sweeper would vacuum without
-    pause; each vacuum (real, timed here around the service call) starts at least 8 sqrt(V)
-    after the one before, V being that one's length."""
+    """Asked to look every 10 ms with nothing needed dead, and finding a dead row each time
+    (the count made up here), the sweeper would vacuum without pause; each vacuum (real, timed
+    here around the service call) starts at least 8 sqrt(V) after the one before, V being that
+    one's length."""
     runs: list[tuple[float, float]] = []
     vacuum = runtime.sweeps.vacuum_if_needed
+
+    async def one_dead(db: object) -> dict[str, int]:
+        return {"job_p0": 1}
+
+    monkeypatch.setattr(upkeep, "dead_jobs", one_dead)
 
     async def timed(min_dead_jobs: int) -> bool:
         started = time.monotonic()

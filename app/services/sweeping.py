@@ -111,12 +111,16 @@ class SweepService:
         return gone
 
     async def vacuum_if_needed(self, min_dead_jobs: int) -> bool:
-        """Vacuum the job table (PostgreSQL) once `min_dead_jobs` row versions are dead."""
+        """Vacuum the job table (PostgreSQL) once `min_dead_jobs` row versions are dead: the
+        partitions that hold dead ones. A partition waiting for the archive, whose jobs have
+        all finished, changes no more, and its indexes are not walked again for nothing."""
         if self._db.dialect != "postgresql":
             return False
-        if await upkeep.dead_jobs(self._db) < min_dead_jobs:
+        dead = await upkeep.dead_jobs(self._db)
+        holding = [name for name, n in dead.items() if n > 0]
+        if not holding or sum(dead.values()) < min_dead_jobs:
             return False
-        await upkeep.vacuum_jobs(self._db)
+        await upkeep.vacuum_jobs(self._db, holding)
         return True
 
     async def sweep_all(self) -> int:

@@ -11,22 +11,36 @@ from __future__ import annotations
 
 from app.store.db import Database
 
-# Summed over the partitions (migration 0018): the partitioned table itself holds no rows.
+# Each partition's dead row versions (migration 0018: the partitioned table itself holds no
+# rows and keeps no statistics).
 DEAD_JOBS = """
-SELECT sum(n_dead_tup) FROM pg_stat_user_tables
-WHERE relid IN (SELECT relid FROM pg_partition_tree('job'))
+SELECT tree.relid::regclass::text, coalesce(stats.n_dead_tup, 0)
+FROM pg_partition_tree('job') AS tree
+JOIN pg_stat_user_tables AS stats ON stats.relid = tree.relid
+WHERE tree.isleaf
 """
 
 # SKIP_LOCKED: a vacuum already running (autovacuum, another sweeper) does the work.
 # INDEX_CLEANUP ON: the index entries are what this vacuum is for, and by default PostgreSQL
 # leaves a big table's indexes alone when few of its pages hold dead rows.
-VACUUM_JOBS = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) job"
+# PARALLEL 0: one process. With parallel index passes the vacuum took every core of the bench's
+# machine for its index pass, and the claims running meanwhile made the slowest 1%
+# (docs/operations/storage.md, "Vacuum").
+VACUUM_OPTIONS = "SKIP_LOCKED, INDEX_CLEANUP ON, PARALLEL 0"
 
 
-async def dead_jobs(db: Database) -> int:
+async def dead_jobs(db: Database) -> dict[str, int]:
+    """Dead row versions of each job partition, by its name as SQL reads it."""
     rows = await db.run_alone(DEAD_JOBS, {}, prepare=False)
-    return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+    return {str(name): int(dead) for name, dead in rows}
 
 
-async def vacuum_jobs(db: Database) -> None:
-    await db.run_alone(VACUUM_JOBS, {}, prepare=False)
+def vacuum_sql(partitions: list[str]) -> str:
+    """The vacuum of these partitions (names as `dead_jobs` gives them: regclass output, so
+    quoted as SQL needs them; at least one, or it would vacuum the whole database)."""
+    assert partitions
+    return f"VACUUM ({VACUUM_OPTIONS}) {', '.join(partitions)}"
+
+
+async def vacuum_jobs(db: Database, partitions: list[str]) -> None:
+    await db.run_alone(vacuum_sql(partitions), {}, prepare=False)
