@@ -697,10 +697,10 @@ SECTIONS: tuple[Section, ...] = (
                 "1",
                 _non_negative_int,
                 "PostgreSQL: the sweeper looks this often (0: never; autovacuum alone) whether "
-                "vacuum-min-dead-jobs row versions of the job table are dead, and vacuums it "
-                "then, but a vacuum that took V seconds is followed by the next 8 sqrt(V) seconds "
-                "after its start at the earliest. Claims step over the dead index entries until "
-                "a vacuum.",
+                "vacuum-min-dead-jobs row versions of the job table are dead, and vacuums then "
+                "the partitions that hold some, in one process; but a vacuum that took V seconds "
+                "is followed by the next 8 sqrt(V) seconds after its start at the earliest. "
+                "Claims step over the dead index entries until a vacuum.",
             ),
             Key(
                 "vacuum-min-dead-jobs",
