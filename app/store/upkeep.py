@@ -35,12 +35,23 @@ async def dead_jobs(db: Database) -> dict[str, int]:
     return {str(name): int(dead) for name, dead in rows}
 
 
-def vacuum_sql(partitions: list[str]) -> str:
-    """The vacuum of these partitions (names as `dead_jobs` gives them: regclass output, so
-    quoted as SQL needs them; at least one, or it would vacuum the whole database)."""
-    assert partitions
-    return f"VACUUM ({VACUUM_OPTIONS}) {', '.join(partitions)}"
+def vacuum_sql(partition: str) -> str:
+    """The vacuum of one partition (its name as `dead_jobs` gives it: regclass output, so
+    quoted as SQL needs it)."""
+    return f"VACUUM ({VACUUM_OPTIONS}) {partition}"
 
 
 async def vacuum_jobs(db: Database, partitions: list[str]) -> None:
-    await db.run_alone(vacuum_sql(partitions), {}, prepare=False)
+    """Each partition in a statement of its own: one the archive's round dropped after its
+    statistics were read fails alone, and is passed over (nothing is left to vacuum)."""
+    for name in partitions:
+        try:
+            await db.run_alone(vacuum_sql(name), {}, prepare=False)
+        except Exception:
+            if await _exists(db, name):
+                raise
+
+
+async def _exists(db: Database, name: str) -> bool:
+    rows = await db.run_alone("SELECT to_regclass(%(name)s)", {"name": name}, prepare=False)
+    return bool(rows and rows[0][0] is not None)
