@@ -24,7 +24,7 @@ WHERE tree.isleaf
 # INDEX_CLEANUP ON: the index entries are what this vacuum is for, and by default PostgreSQL
 # leaves a big table's indexes alone when few of its pages hold dead rows.
 # PARALLEL 0: one process. With parallel index passes the vacuum took every core of the bench's
-# machine for its index pass, and the claims running meanwhile made the slowest 1%
+# machine for its index pass, and overlapped 38% of the slowest 1% of claims in a traced run
 # (docs/operations/storage.md, "Vacuum").
 VACUUM_OPTIONS = "SKIP_LOCKED, INDEX_CLEANUP ON, PARALLEL 0"
 
