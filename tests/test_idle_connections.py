@@ -117,3 +117,20 @@ async def test_held_connections_are_checked_and_replaced_alike(backend: str, rdb
     finally:
         await held.close()
         await limited.close()
+
+
+async def test_held_connections_past_their_lifetime_are_replaced(backend: str, rdbms: str) -> None:
+    """[rdbms] connxn-max-lifetime-seconds, as the pool recycles its own: counted from the
+    connection's opening, however busy it has been."""
+    url = load_config_text(rdbms).database.connection_url
+    clock = Clock()
+    held = Held(url, 1, max_lifetime_seconds=5, clock=clock)
+    try:
+        first = (await held.run("SELECT pg_backend_pid()", {}))[0][0]
+        for _ in range(4):
+            clock.now += 1
+            assert (await held.run("SELECT pg_backend_pid()", {}))[0][0] == first
+        clock.now += 1.5
+        assert (await held.run("SELECT pg_backend_pid()", {}))[0][0] != first
+    finally:
+        await held.close()

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 import psycopg
@@ -72,21 +73,32 @@ class Database:
         waker: Waker | None = None,
         *,
         max_idle_seconds: float = 0,
+        max_lifetime_seconds: float = 0,
+        alone: int = 0,
     ) -> None:
         self.engine = engine
         self.dialect = dialect
         self.url = url  # as configured (held connections open with it)
         self.waker = waker
         self.max_idle_seconds = max_idle_seconds  # [rdbms] connxn-max-idle-time-seconds
+        self.max_lifetime_seconds = max_lifetime_seconds  # [rdbms] connxn-max-lifetime-seconds
+        # run_alone's own autocommit connections (see alone_share), or None.
+        self._alone = self.held(alone) if alone > 0 else None
 
     @classmethod
     def from_config(cls, config: DatabaseConfig, waker: Waker | None = None) -> Database:
+        alone = 0
+        if config.dialect == "postgresql":
+            alone, pool_size = alone_share(config.pool_size, config.max_overflow)
+            config = replace(config, pool_size=pool_size)
         return cls(
             create_engine(config),
             config.dialect,
             config.connection_url,
             waker,
             max_idle_seconds=config.pool_max_idle_seconds,
+            max_lifetime_seconds=config.pool_recycle_seconds,
+            alone=alone,
         )
 
     @asynccontextmanager
@@ -158,6 +170,12 @@ class Database:
     async def _run_alone(
         self, sql: str, params: dict[str, Any], prepare: bool | None
     ) -> list[tuple[Any, ...]]:
+        alone = self._alone
+        if alone is not None and alone.free():
+            # One of the process's own autocommit connections: no pool check-out, autocommit
+            # switch or reset on return (docs/performance.md, "Why the hot paths look as they
+            # do"). When all are busy, the statement runs on a pooled connection instead.
+            return await alone.run(sql, params, prepare=prepare)
         # Straight from the pool to psycopg: a Connection and its execution options would
         # cost more Python than the statement takes on the server.
         raw = await self.engine.raw_connection()
@@ -186,7 +204,12 @@ class Database:
         SQLite, whose one connection is the pool's)."""
         if self.dialect != "postgresql":
             return None
-        return Held(libpq_url(self.url), size, max_idle_seconds=self.max_idle_seconds)
+        return Held(
+            libpq_url(self.url),
+            size,
+            max_idle_seconds=self.max_idle_seconds,
+            max_lifetime_seconds=self.max_lifetime_seconds,
+        )
 
     async def schema_revisions(self) -> frozenset[str]:
         """The Alembic revisions the database is at (empty before the first migration)."""
@@ -195,7 +218,23 @@ class Database:
             return frozenset(str(row[0]) for row in rows)
 
     async def dispose(self) -> None:
+        if self._alone is not None:
+            await self._alone.close()
         await self.engine.dispose()
+
+
+# At most this many of a process's connections are run_alone's own: enough for the hot
+# statements a process runs at once on the bench's load; more of them run on pooled ones.
+MAX_ALONE = 4
+
+
+def alone_share(pool_size: int, max_overflow: int) -> tuple[int, int]:
+    """How many of a PostgreSQL process's connections run_alone keeps to itself, and the pool
+    size left for the rest, so that [rdbms] max-open-connxns (pool size + overflow) still
+    bounds the connections open at once and max-idle-connxns (the pool size) those kept open.
+    At most half of them and MAX_ALONE, and never the pool's last one."""
+    alone = max(0, min(MAX_ALONE, (pool_size + max_overflow) // 2, pool_size - 1))
+    return alone, pool_size - alone
 
 
 async def execute(
@@ -235,12 +274,15 @@ class Held:
         size: int,
         *,
         max_idle_seconds: float = 0,
+        max_lifetime_seconds: float = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._url = url
         self._max_idle = max_idle_seconds
+        self._max_lifetime = max_lifetime_seconds
         self._clock = clock
         self._used: dict[psycopg.AsyncConnection[Any], float] = {}  # when each went back
+        self._opened: dict[psycopg.AsyncConnection[Any], float] = {}
         # A slot holds an open connection, or None: one to open when it is next used. Last in,
         # first out: the connection used last has the statements prepared (as the pool's).
         self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.LifoQueue()
@@ -269,6 +311,7 @@ class Held:
                         self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
                     )
                     self._open.add(conn)
+                    self._opened[conn] = self._clock()
                 rows = await execute(conn, sql, params, prepare)
                 kept = conn
                 self._used[conn] = self._clock()
@@ -283,8 +326,13 @@ class Held:
     async def _checked(
         self, conn: psycopg.AsyncConnection[Any]
     ) -> psycopg.AsyncConnection[Any] | None:
-        """`conn`, or None when it was unused too long or fails its check (then closed)."""
-        verdict = idle_verdict(self._clock() - self._used.get(conn, self._clock()), self._max_idle)
+        """`conn`, or None when it was unused too long, is past [rdbms]
+        connxn-max-lifetime-seconds (as the pool recycles its own) or fails its check (then
+        closed)."""
+        now = self._clock()
+        verdict = idle_verdict(now - self._used.get(conn, now), self._max_idle)
+        if self._max_lifetime > 0 and now - self._opened.get(conn, now) > self._max_lifetime:
+            verdict = "replace"
         if verdict == "ping":
             try:
                 await conn.execute("SELECT 1")
@@ -300,6 +348,11 @@ class Held:
     def _forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self._open.discard(conn)
         self._used.pop(conn, None)
+        self._opened.pop(conn, None)
+
+    def free(self) -> bool:
+        """Whether a statement would start at once (a slot is free), not wait for one."""
+        return not self._slots.empty()
 
     async def close(self) -> None:
         self._closed = True
