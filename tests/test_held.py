@@ -59,6 +59,33 @@ async def test_after_the_server_dropped_the_connection(held: tuple[Database, Hel
     assert other != pid
 
 
+async def test_a_restarted_server_costs_one_failed_statement(rdbms: str) -> None:
+    """When one connection turns out dropped, the others opened before it are replaced at
+    their next use instead of failing a statement each (as the pool invalidates its own)."""
+    if "dialect=postgresql" not in rdbms:
+        pytest.skip("held connections are PostgreSQL's (SQLite has the pool's one)")
+    db = Database.from_config(load_config_text(rdbms).database)
+    connections = db.held(2)
+    assert connections is not None
+    try:
+        # Two at once take both slots: each holds its own while it connects and runs.
+        both = "SELECT pg_backend_pid()"
+        pids = {
+            rows[0][0]
+            for rows in await asyncio.gather(connections.run(both, {}), connections.run(both, {}))
+        }
+        assert len(pids) == 2  # two connections open
+        for pid in pids:
+            await db.run_alone("SELECT pg_terminate_backend(%(pid)s, 5000)", {"pid": pid})
+        with pytest.raises(Unavailable):
+            await connections.run("SELECT 1", {})
+        again = await asyncio.gather(connections.run(both, {}), connections.run(both, {}))
+        assert not pids & {rows[0][0] for rows in again}
+    finally:
+        await connections.close()
+        await db.dispose()
+
+
 async def test_after_a_cancelled_statement(held: tuple[Database, Held]) -> None:
     db, connections = held
     sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'"

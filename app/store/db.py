@@ -265,8 +265,9 @@ class Held:
     autocommit switch each side of it, which cost a dispatcher more of its Python thread than
     decoding the rows (docs/performance.md, "Why the hot paths look as they do"). Connections
     open on first use; one that fails (or whose statement is cancelled) is closed and opened
-    again on the next use; one unused for a while is checked or replaced first, as the pool's
-    are (idle_verdict)."""
+    again on the next use, and when one was dropped by the server, the others opened before it
+    are replaced too; one unused for a while, or past its lifetime, is checked or replaced
+    first, as the pool's are (idle_verdict). Also run_alone's own (Database)."""
 
     def __init__(
         self,
@@ -283,6 +284,11 @@ class Held:
         self._clock = clock
         self._used: dict[psycopg.AsyncConnection[Any], float] = {}  # when each went back
         self._opened: dict[psycopg.AsyncConnection[Any], float] = {}
+        # Bumped when a connection turns out dropped by the server: the ones opened before
+        # are replaced at their next use rather than failing a statement each (a restarted
+        # database costs one failed statement, as the pool's invalidation does).
+        self._generation = 0
+        self._born: dict[psycopg.AsyncConnection[Any], int] = {}
         # A slot holds an open connection, or None: one to open when it is next used. Last in,
         # first out: the connection used last has the statements prepared (as the pool's).
         self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.LifoQueue()
@@ -312,10 +318,15 @@ class Held:
                     )
                     self._open.add(conn)
                     self._opened[conn] = self._clock()
+                    self._born[conn] = self._generation
                 rows = await execute(conn, sql, params, prepare)
                 kept = conn
                 self._used[conn] = self._clock()
                 return rows
+            except psycopg.OperationalError:
+                if conn is not None and conn.broken:
+                    self._generation += 1
+                raise
             finally:
                 # The slot goes back first, whatever closing a failed connection does.
                 self._slots.put_nowait(kept)
@@ -333,6 +344,8 @@ class Held:
         verdict = idle_verdict(now - self._used.get(conn, now), self._max_idle)
         if self._max_lifetime > 0 and now - self._opened.get(conn, now) > self._max_lifetime:
             verdict = "replace"
+        if self._born.get(conn, self._generation) < self._generation:
+            verdict = "replace"
         if verdict == "ping":
             try:
                 await conn.execute("SELECT 1")
@@ -349,6 +362,7 @@ class Held:
         self._open.discard(conn)
         self._used.pop(conn, None)
         self._opened.pop(conn, None)
+        self._born.pop(conn, None)
 
     def free(self) -> bool:
         """Whether a statement would start at once (a slot is free), not wait for one."""
