@@ -248,7 +248,11 @@ async def execute(
     prepared once it has run a few times, then usually with a generic plan)."""
     async with driver.cursor() as cursor:
         await cursor.execute(sql, params, prepare=prepare, binary=True)
-        return await cursor.fetchall() if cursor.description is not None else []
+        # The result's status, not `cursor.description`, which builds a Column per column.
+        result = cursor.pgresult
+        if result is None or result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+            return []
+        return await cursor.fetchall()
 
 
 def libpq_url(connection_url: str) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import psycopg
 
 from app.store.db import CHANGES_CHANNEL, NOTIFY_CHANNEL, Waker, libpq_url
 
 log = logging.getLogger(__name__)
-
-STOP_CHECK_SECONDS = 0.5
 
 
 class NotifyListener:
@@ -46,14 +45,47 @@ class NotifyListener:
             # Wake everyone once: anything published (or changed) before LISTEN took effect is
             # now visible.
             self._missed()
-            while not stop.is_set():
-                # A bounded wait instead of cancelling the read: cancelling it mid-wait can
-                # leave the connection locked, so shutdown would stall on close.
-                async for notify in conn.notifies(timeout=STOP_CHECK_SECONDS):
-                    if notify.channel == CHANGES_CHANNEL:
-                        self.deliver_change(notify.payload)
+            await self._read(conn, stop)
+
+    async def _read(self, conn: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
+        """Notifications as the socket brings them, until `stop` or the connection fails.
+
+        One reader callback for the connection's life, reading libpq's queue whenever the
+        socket has data: psycopg's notifies() sets up a wait (a reader, an event and a
+        timeout) for every batch, and every API process hears every publish's NOTIFY
+        (docs/performance.md, "Why the hot paths look as they do"). Nothing else uses the
+        connection meanwhile, so psycopg's own reads never race this one."""
+        loop = asyncio.get_running_loop()
+        pgconn = conn.pgconn
+        encoding = conn.info.encoding
+        lost: asyncio.Future[Any] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()
+                while (notify := pgconn.notifies()) is not None:
+                    channel = notify.relname.decode(encoding)
+                    payload = notify.extra.decode(encoding)
+                    if channel == CHANGES_CHANNEL:
+                        self.deliver_change(payload)
                     else:
-                        self.deliver(notify.payload)
+                        self.deliver(payload)
+            except psycopg.Error as exc:  # the connection is gone: the run loop reconnects
+                loop.remove_reader(fd)
+                if not lost.done():
+                    lost.set_exception(exc)
+
+        fd = pgconn.socket
+        loop.add_reader(fd, readable)
+        stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        try:
+            readable()  # what arrived with the LISTENs' answers
+            await asyncio.wait({lost, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if lost.done():
+                lost.result()
+        finally:
+            loop.remove_reader(fd)
+            stopping.cancel()
 
     def _missed(self) -> None:
         """Notifications may have been missed: every consumer as read is stale, every waiter
