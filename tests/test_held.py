@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from app.config import load_config_text
-from app.domain.errors import Unavailable
+from app.domain.errors import Unavailable, UnstorableValue
 from app.store.db import Database, Held
 from app.store.queue import int_array
 from tests.helpers.waiting import eventually
@@ -43,9 +43,13 @@ async def test_statements_run_alone(held: tuple[Database, Held]) -> None:
 
 async def test_after_a_failed_statement(held: tuple[Database, Held]) -> None:
     _, connections = held
+    ((pid,),) = await connections.run("SELECT pg_backend_pid()", {})
     with pytest.raises(psycopg.errors.UndefinedTable):
         await connections.run("SELECT * FROM no_such_table WHERE 1 = %(n)s", {"n": 0})
-    assert await asyncio.wait_for(connections.run("SELECT 1", {}), 5) == [(1,)]
+    with pytest.raises(UnstorableValue):
+        await connections.run("SELECT %(n)s::text", {"n": "a\x00b"})  # refused: a NUL
+    # The statements failed, not the connection: it is kept (bad input costs no new backend).
+    assert await asyncio.wait_for(connections.run("SELECT pg_backend_pid()", {}), 5) == [(pid,)]
 
 
 async def test_after_the_server_dropped_the_connection(held: tuple[Database, Held]) -> None:

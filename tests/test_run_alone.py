@@ -123,3 +123,24 @@ async def test_run_alone_has_connections_of_its_own_within_max_open(
         await keeper.execute("SELECT pg_advisory_unlock(4040)")
         pids = {rows[0][0] for rows in await asyncio.gather(*running)}
     assert alone in pids and len(pids) <= 3
+
+
+async def test_a_cancelled_statement_on_its_own_connection(shared: Database) -> None:
+    """Cancelled, the statement stops on the server (its connection is closed) and the next
+    one runs."""
+    sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'"
+    ((alone,),) = await shared.run_alone("SELECT pg_backend_pid()", {})
+    running = asyncio.create_task(shared.run_alone("SELECT pg_sleep(30)", {}))
+
+    async def on_the_server(count: int) -> bool:
+        async with shared.transaction() as tx:
+            return (await tx.conn.execute(text(sleeping))).scalar() == count
+
+    await eventually(lambda: on_the_server(1), what="the statement running on the server")
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    await eventually(lambda: on_the_server(0), 5, 0.1, what="the server stopped the statement")
+    ((after,),) = await asyncio.wait_for(shared.run_alone("SELECT pg_backend_pid()", {}), 5)
+    assert after != alone  # a new connection of its own
+    assert await a_failed_transaction_left_nothing(shared)

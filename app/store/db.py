@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import ColumnElement, Float, Table, cast, event, func, literal_column, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
@@ -218,8 +219,9 @@ class Database:
             return frozenset(str(row[0]) for row in rows)
 
     async def dispose(self) -> None:
-        if self._alone is not None:
-            await self._alone.close()
+        alone, self._alone = self._alone, None  # later statements take the pool's path
+        if alone is not None:
+            await alone.close()
         await self.engine.dispose()
 
 
@@ -300,6 +302,12 @@ class Held:
             self._slots.put_nowait(None)
         self._open: set[psycopg.AsyncConnection[Any]] = set()
         self._closed = False
+        # The URL's own connect_timeout, when it has one, wins (the keyword would override it).
+        self._connect_options: dict[str, Any] = (
+            {}
+            if "connect_timeout" in conninfo_to_dict(url)
+            else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        )
 
     async def run(
         self, sql: str, params: dict[str, Any], *, prepare: bool | None = None
@@ -318,18 +326,28 @@ class Held:
                     if conn is not None:
                         self._forget(conn)
                     conn = await psycopg.AsyncConnection.connect(
-                        self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS
+                        self._url, autocommit=True, **self._connect_options
                     )
                     self._open.add(conn)
                     self._opened[conn] = self._clock()
                     self._born[conn] = self._generation
+                    if self._closed:  # closed while this one was connecting
+                        raise psycopg.InterfaceError("the held connections are closed")
                 rows = await execute(conn, sql, params, prepare)
                 kept = conn
                 self._used[conn] = self._clock()
                 return rows
-            except psycopg.OperationalError:
+            except psycopg.Error:
                 if conn is not None and conn.broken:
                     self._generation += 1
+                elif (
+                    conn is not None
+                    and not self._closed
+                    and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                ):
+                    # The statement failed, the connection did not (a bad value, a constraint):
+                    # kept, so a client's bad input never costs a new backend.
+                    kept = conn
                 raise
             finally:
                 # The slot goes back first, whatever closing a failed connection does.

@@ -64,12 +64,15 @@ class NotifyListener:
             try:
                 pgconn.consume_input()
                 while (notify := pgconn.notifies()) is not None:
-                    channel = notify.relname.decode(encoding)
-                    payload = notify.extra.decode(encoding)
-                    if channel == CHANGES_CHANNEL:
-                        self.deliver_change(payload)
-                    else:
-                        self.deliver(payload)
+                    try:
+                        channel = notify.relname.decode(encoding)
+                        payload = notify.extra.decode(encoding)
+                        if channel == CHANGES_CHANNEL:
+                            self.deliver_change(payload)
+                        else:
+                            self.deliver(payload)
+                    except Exception:  # one bad notification must not stop the ones after it
+                        log.exception("wake-up notification not delivered")
             except psycopg.Error as exc:  # the connection is gone: the run loop reconnects
                 loop.remove_reader(fd)
                 if not lost.done():
