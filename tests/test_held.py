@@ -18,19 +18,25 @@ from app.store.queue import int_array
 from tests.helpers.waiting import eventually
 
 
-@pytest.fixture
-async def held(rdbms: str) -> AsyncIterator[tuple[Database, Held]]:
-    """One held connection (so a slot not given back would stall the next statement)."""
+@contextlib.asynccontextmanager
+async def held_connections(rdbms: str, size: int) -> AsyncIterator[tuple[Database, Held]]:
     if "dialect=postgresql" not in rdbms:
         pytest.skip("held connections are PostgreSQL's (SQLite has the pool's one)")
     db = Database.from_config(load_config_text(rdbms).database)
-    connections = db.held(1)
+    connections = db.held(size)
     assert connections is not None
     try:
         yield db, connections
     finally:
         await connections.close()
         await db.dispose()
+
+
+@pytest.fixture
+async def held(rdbms: str) -> AsyncIterator[tuple[Database, Held]]:
+    """One held connection (so a slot not given back would stall the next statement)."""
+    async with held_connections(rdbms, 1) as both:
+        yield both
 
 
 async def test_statements_run_alone(held: tuple[Database, Held]) -> None:
@@ -66,12 +72,7 @@ async def test_after_the_server_dropped_the_connection(held: tuple[Database, Hel
 async def test_a_restarted_server_costs_one_failed_statement(rdbms: str) -> None:
     """When one connection turns out dropped, the others opened before it are replaced at
     their next use instead of failing a statement each (as the pool invalidates its own)."""
-    if "dialect=postgresql" not in rdbms:
-        pytest.skip("held connections are PostgreSQL's (SQLite has the pool's one)")
-    db = Database.from_config(load_config_text(rdbms).database)
-    connections = db.held(2)
-    assert connections is not None
-    try:
+    async with held_connections(rdbms, 2) as (db, connections):
         # Two at once take both slots: each holds its own while it connects and runs.
         both = "SELECT pg_backend_pid()"
         pids = {
@@ -85,9 +86,6 @@ async def test_a_restarted_server_costs_one_failed_statement(rdbms: str) -> None
             await connections.run("SELECT 1", {})
         again = await asyncio.gather(connections.run(both, {}), connections.run(both, {}))
         assert not pids & {rows[0][0] for rows in again}
-    finally:
-        await connections.close()
-        await db.dispose()
 
 
 async def test_after_a_cancelled_statement(held: tuple[Database, Held]) -> None:

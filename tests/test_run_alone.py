@@ -17,17 +17,24 @@ from app.store.db import MAX_ALONE, Database, alone_share, libpq_url
 from tests.helpers.waiting import eventually
 
 
-@pytest.fixture
-async def one_connection(rdbms: str) -> AsyncIterator[Database]:
-    """PostgreSQL with a pool of one connection, so every use gets the same one back."""
+@contextlib.asynccontextmanager
+async def postgres(rdbms: str, idle: int, most: int) -> AsyncIterator[Database]:
+    """PostgreSQL with [rdbms] max-idle-connxns `idle` and max-open-connxns `most`."""
     if "dialect=postgresql" not in rdbms:
-        pytest.skip("run_alone is for PostgreSQL's hot paths")
-    config = load_config_text(rdbms + "max-idle-connxns=1\nmax-open-connxns=1\n")
+        pytest.skip("run_alone's own connections and its pool checks are PostgreSQL's")
+    config = load_config_text(rdbms + f"max-idle-connxns={idle}\nmax-open-connxns={most}\n")
     db = Database.from_config(config.database)
     try:
         yield db
     finally:
         await db.dispose()
+
+
+@pytest.fixture
+async def one_connection(rdbms: str) -> AsyncIterator[Database]:
+    """A pool of one connection, so every use gets the same one back (and none of its own)."""
+    async with postgres(rdbms, 1, 1) as db:
+        yield db
 
 
 async def a_failed_transaction_left_nothing(db: Database) -> bool:
@@ -81,16 +88,10 @@ def test_alone_share(pool_size: int, max_overflow: int, alone: int, pool: int) -
 
 @pytest.fixture
 async def shared(rdbms: str) -> AsyncIterator[Database]:
-    """PostgreSQL with max-idle-connxns 2 and max-open-connxns 3: one connection run_alone's
-    own, a pool of one and one overflow."""
-    if "dialect=postgresql" not in rdbms:
-        pytest.skip("run_alone's own connections are PostgreSQL's")
-    config = load_config_text(rdbms + "max-idle-connxns=2\nmax-open-connxns=3\n")
-    db = Database.from_config(config.database)
-    try:
+    """max-idle-connxns 2 and max-open-connxns 3: one connection run_alone's own, a pool of one
+    and one overflow."""
+    async with postgres(rdbms, 2, 3) as db:
         yield db
-    finally:
-        await db.dispose()
 
 
 async def test_run_alone_has_connections_of_its_own_within_max_open(
