@@ -289,18 +289,17 @@ class Held:
         self._max_lifetime = max_lifetime_seconds
         self._clock = clock
         self._used: dict[psycopg.AsyncConnection[Any], float] = {}  # when each went back
-        self._opened: dict[psycopg.AsyncConnection[Any], float] = {}
+        # Every open connection: when it opened, and the generation it opened in.
+        self._opened: dict[psycopg.AsyncConnection[Any], tuple[float, int]] = {}
         # Bumped when a connection turns out dropped by the server: the ones opened before
         # are replaced at their next use rather than failing a statement each (a restarted
         # database costs one failed statement, as the pool's invalidation does).
         self._generation = 0
-        self._born: dict[psycopg.AsyncConnection[Any], int] = {}
         # A slot holds an open connection, or None: one to open when it is next used. Last in,
         # first out: the connection used last has the statements prepared (as the pool's).
         self._slots: asyncio.Queue[psycopg.AsyncConnection[Any] | None] = asyncio.LifoQueue()
         for _ in range(size):
             self._slots.put_nowait(None)
-        self._open: set[psycopg.AsyncConnection[Any]] = set()
         self._closed = False
         # The URL's own connect_timeout, when it has one, wins (the keyword would override it).
         self._connect_options: dict[str, Any] = (
@@ -328,9 +327,7 @@ class Held:
                     conn = await psycopg.AsyncConnection.connect(
                         self._url, autocommit=True, **self._connect_options
                     )
-                    self._open.add(conn)
-                    self._opened[conn] = self._clock()
-                    self._born[conn] = self._generation
+                    self._opened[conn] = (self._clock(), self._generation)
                     if self._closed:  # closed while this one was connecting
                         raise psycopg.InterfaceError("the held connections are closed")
                 rows = await execute(conn, sql, params, prepare)
@@ -364,9 +361,10 @@ class Held:
         closed)."""
         now = self._clock()
         verdict = idle_verdict(now - self._used.get(conn, now), self._max_idle)
-        if self._max_lifetime > 0 and now - self._opened.get(conn, now) > self._max_lifetime:
+        opened, generation = self._opened.get(conn, (now, self._generation))
+        if self._max_lifetime > 0 and now - opened > self._max_lifetime:
             verdict = "replace"
-        if self._born.get(conn, self._generation) < self._generation:
+        if generation < self._generation:
             verdict = "replace"
         if verdict == "ping":
             try:
@@ -381,10 +379,8 @@ class Held:
         return None
 
     def _forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self._open.discard(conn)
         self._used.pop(conn, None)
         self._opened.pop(conn, None)
-        self._born.pop(conn, None)
 
     def free(self) -> bool:
         """Whether a statement would start at once (a slot is free), not wait for one."""
@@ -392,9 +388,10 @@ class Held:
 
     async def close(self) -> None:
         self._closed = True
-        for conn in list(self._open):
+        for conn in list(self._opened):
             await conn.close()
-        self._open.clear()
+        self._opened.clear()
+        self._used.clear()
 
 
 # A database that cannot be reached or that dropped the connection: raised by SQLAlchemy
