@@ -9,7 +9,10 @@ table to be dead (millions of rows in a big backlog), so the sweeper vacuums soo
 
 from __future__ import annotations
 
+from sqlalchemy import text
+
 from app.store.db import Database
+from app.store.partitions import EXISTS
 
 # Each partition's dead row versions (migration 0018: the partitioned table itself holds no
 # rows and keeps no statistics).
@@ -53,5 +56,6 @@ async def vacuum_jobs(db: Database, partitions: list[str]) -> None:
 
 
 async def _exists(db: Database, name: str) -> bool:
-    rows = await db.run_alone("SELECT to_regclass(%(name)s)", {"name": name}, prepare=False)
-    return bool(rows and rows[0][0] is not None)
+    # Only after a failed vacuum: a transaction for the partition store's own statement.
+    async with db.transaction() as tx:
+        return bool((await tx.conn.execute(text(EXISTS), {"name": name})).scalar_one())
