@@ -20,6 +20,7 @@ from sqlalchemy import (
     ColumnElement,
     Text,
     bindparam,
+    case,
     cast,
     func,
     literal_column,
@@ -67,12 +68,17 @@ def append_sql(outcome: str, kept: int) -> str:
     own words and numbers (an ack, a push's status), written into the text: each of the few
     there are is a prepared statement of its own, with no parameter more to bind."""
     literal = outcome.replace("'", "''")
-    return f"""jsonb_path_query_array(
-            coalesce(job.attempts, '[]'::jsonb) || (jsonb_build_object(
+    entry = f"""(jsonb_build_object(
                 'at', round(extract(epoch FROM job.claimed_at), 3),
                 'ms', round(extract(epoch FROM now() - job.claimed_at) * 1000))
-                || '{literal}'::jsonb),
-            '$[last - {kept - 1} to last]')"""
+                || '{literal}'::jsonb)"""
+    # Sliced only when the history is full (a job retried `kept` times): the jsonpath slice
+    # on every row cost a batch ack of 100 a twentieth of its time (1.26 against 1.18 ms,
+    # bench/journal, 2026-11-27).
+    return f"""CASE WHEN coalesce(jsonb_array_length(job.attempts), 0) < {kept}
+            THEN coalesce(job.attempts, '[]'::jsonb) || {entry}
+            ELSE jsonb_path_query_array(job.attempts || {entry},
+                '$[last - {kept - 1} to last]') END"""
 
 
 def appended(dialect: str, outcome: str) -> ColumnElement[Any]:
@@ -87,9 +93,11 @@ def appended(dialect: str, outcome: str) -> ColumnElement[Any]:
             func.round(func.extract("epoch", func.now() - job.c.claimed_at) * 1000),
         ).op("||")(cast(given, JSONB))
         listed = func.coalesce(job.c.attempts, literal_column("'[]'::jsonb")).op("||")(entry)
-        return func.jsonb_path_query_array(
+        full = func.coalesce(func.jsonb_array_length(job.c.attempts), 0) >= kept()
+        sliced = func.jsonb_path_query_array(
             listed, literal_column(f"'$[last - {kept() - 1} to last]'")
         )
+        return case((full, sliced), else_=listed)
     # SQLite: JSON text; the slice is a walk of the array's entries (json_each keeps order).
     start = func.json_object(
         "at",
