@@ -51,6 +51,7 @@ class Run:
     metadata: list[tuple[Any, ...]] = field(default_factory=list)
     metadata_error: str | None = None
     subjects: list[str] = field(default_factory=list)  # of every message received
+    header_names: list[list[str]] = field(default_factory=list)  # of every message received
 
 
 def reply_fields(msg: Msg) -> tuple[str, str, int, int, int, int]:
@@ -69,6 +70,7 @@ def reply_fields(msg: Msg) -> tuple[str, str, int, int, int, int]:
 def describe(msg: Msg, run: Run) -> dict[str, Any]:
     headers = msg.headers or {}
     run.subjects.append(msg.subject)
+    run.header_names.append(sorted(headers))
     try:
         md = msg.metadata
     except NatsError as exc:  # client mode: the ack subject is not $JS.ACK
@@ -248,12 +250,18 @@ def assert_same(expected: Run, actual: Run, *, metadata: bool) -> None:
     if metadata:
         assert actual.metadata == expected.metadata
         assert actual.metadata_error is None
-        # Delivered with the stored subject, as JetStream delivers: the channel id.
+        # Delivered with the stored subject, as JetStream delivers: the channel id; and
+        # with the headers JetStream delivers, no more.
         assert actual.subjects == expected.subjects
         assert set(expected.subjects) == {"orders"}
+        assert actual.header_names == expected.header_names
     else:
-        # A client connection cannot give a delivery another subject than the inbox.
+        # A client connection cannot give a delivery another subject than the inbox: the
+        # stored subject travels in a header of its own.
         assert all(subject.startswith("_INBOX.") for subject in actual.subjects)
+        assert actual.header_names == [
+            sorted([*names, "Nats-Subject"]) for names in expected.header_names
+        ]
         assert actual.metadata == []
         assert actual.metadata_error == "NotJSMessageError"
 
