@@ -6,6 +6,7 @@ consumer info. Then the same scenarios as HTTP pulls."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ import httpx
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from app.bridge import protocol as p
 from app.domain.priority import PullPriority as Terms
@@ -35,6 +37,7 @@ from tests.helpers.side_by_side import Publish, http_publisher, with_msg_id
 from tests.helpers.waiting import eventually
 
 MS = 1_000_000  # ns
+LATE_ANSWER = 10.0  # seconds a case with no answer in its window waits for a late one
 POLICIES = {"over": "overflow", "prio": "prioritized"}
 POLICY_OF: dict[str, str | None] = {"workers": None, **POLICIES}
 
@@ -68,13 +71,23 @@ class Requests:
 
     async def gather(self, sub: Any, window: float, *, ack: bool = True) -> list[tuple[Any, ...]]:
         got: list[tuple[Any, ...]] = []
-        async for msg in arriving(sub, window):
+
+        async def take(msg: Any) -> None:
             got.append(seen(msg))
             if msg.reply:
                 if ack:
                     await self.nc.publish(msg.reply, b"+ACK")
                 else:
                     self.unacked.append(msg)
+
+        async for msg in arriving(sub, window):
+            await take(msg)
+        if not got:
+            # Every request here ends in an answer within its window, on either server; a
+            # busy CI machine held one (a 408 due at 400 ms) past a 600 ms window, which read
+            # as no answer at all. The late answer is taken, and nothing after it.
+            with contextlib.suppress(NatsTimeoutError):
+                await take(await sub.next_msg(timeout=LATE_ANSWER))
         await sub.unsubscribe()
         return got
 
