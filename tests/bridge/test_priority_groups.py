@@ -300,13 +300,20 @@ async def pinned_scenario(url: str, publish: Publish) -> dict[str, Any]:
 
     async def gather(sub: Any, window: float) -> list[tuple[Any, ...]]:
         got: list[tuple[Any, ...]] = []
-        async for msg in arriving(sub, window):
+
+        async def take(msg: Any) -> None:
             headers = msg.headers or {}
             if msg.reply:
                 got.append(("msg", msg.data.decode(), pins.name(headers.get("Nats-Pin-Id"))))
                 await nc.publish(msg.reply, b"+ACK")
             else:
                 got.append(seen(msg))
+
+        async for msg in arriving(sub, window):
+            await take(msg)
+        if not got:  # as in Requests.gather: a late answer, and nothing after it
+            with contextlib.suppress(NatsTimeoutError):
+                await take(await sub.next_msg(timeout=LATE_ANSWER))
         await sub.unsubscribe()
         return got
 
