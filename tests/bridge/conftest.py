@@ -164,12 +164,15 @@ async def make_bridge(
 
 
 async def arriving(
-    sub: Any, window: float, *, first_within: float | None = None
+    sub: Any, window: float, *, first_within: float | None = None, late: float | None = None
 ) -> AsyncIterator[Any]:
     """The messages a subscription receives within `window` seconds. With `first_within`,
     for a case that must get an answer: the first message may take up to that long, and the
     window counts from its arrival (a busy CI machine can hold a first answer past a short
-    window, and a window from the send would then read it as no answer at all)."""
+    window, and a window from the send would then read it as no answer at all). With `late`,
+    the window counts from the send as usual, and only when nothing came within it is one
+    late message waited for, up to `late` seconds, and nothing after it: for scenarios whose
+    windows also decide what a case reads after its first answer."""
     loop = asyncio.get_running_loop()
     if first_within is not None:
         try:
@@ -177,8 +180,15 @@ async def arriving(
         except NatsTimeoutError:
             return
     deadline = loop.time() + window
+    got_any = False
     while (left := deadline - loop.time()) > 0:
         try:
             yield await sub.next_msg(timeout=left)
+        except NatsTimeoutError:
+            break
+        got_any = True
+    if late is not None and not got_any and first_within is None:
+        try:
+            yield await sub.next_msg(timeout=late)
         except NatsTimeoutError:
             return
