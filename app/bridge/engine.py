@@ -68,17 +68,13 @@ def delivery_headers(job: PulledJob, subject: str | None) -> list[tuple[str, str
     where the delivery's subject cannot be the stored subject (client mode: the requester's
     inbox). Over a leafnode link it is, as from nats-server, which adds no such header: a
     header fewer for every client to parse (bench/journal, 2026-11-27)."""
-    if not job.headers:  # most messages: nothing of their own to merge
-        headers = [("Content-Type", job.content_type), ("Nats-Msg-Id", job.message_id)]
-        if subject is not None:
-            headers.append(("Nats-Subject", subject))
-        return headers
-    merged = dict(job.headers)
-    merged["Content-Type"] = job.content_type
-    merged["Nats-Msg-Id"] = job.message_id
+    headers = [("Content-Type", job.content_type), ("Nats-Msg-Id", job.message_id)]
     if subject is not None:
-        merged["Nats-Subject"] = subject
-    return list(merged.items())
+        headers.append(("Nats-Subject", subject))
+    if not job.headers:  # most messages: nothing of their own to merge
+        return headers
+    # The message's own first, in their order; ours replace any of the same name.
+    return list((dict(job.headers) | dict(headers)).items())
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
