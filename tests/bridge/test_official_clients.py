@@ -95,6 +95,11 @@ async def steps(
         await js.call("ack", handle=m["handle"])
     r["empty_next"] = await js.call("next", expires=1000)
     r["empty_fetch"] = await js.call("fetch", max_messages=3, expires=1000, idle_heartbeat=500)
+    # A client stops reading an empty fetch at its own clock's expiry, a little before the
+    # server's: a message published while the server still holds that request goes to an
+    # inbox nobody reads, and comes back only after the ack wait (on a busy machine, twice
+    # delivered before the nak below).
+    await until_consumer(watch, "orders", "workers", num_waiting=0)
 
     await publish(["m5"])
     m5 = await js.call("next", expires=2000)
