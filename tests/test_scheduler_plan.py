@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.domain.models import Consumer, ConsumerType, PulledJob
+from app.domain.models import Consumer, ConsumerOptions, ConsumerType, PulledJob
 from app.domain.priority import (
     NO_TERMS,
     PLAIN,
@@ -498,6 +498,19 @@ def test_claim_sizes_split_beyond_one_statement(
     wanted: int, max_claim: int, sizes: list[int]
 ) -> None:
     assert claim_sizes(wanted, Limits(max_claim=max_claim)) == sizes
+
+
+@pytest.mark.parametrize(
+    ("ack_policy", "sizes"),
+    [(None, [10, 10]), ("explicit", [10, 10]), ("all", [10, 10]), ("none", [10])],
+)
+def test_an_ack_none_consumer_claims_one_statement_at_a_time(
+    ack_policy: str | None, sizes: list[int]
+) -> None:
+    # Its claims never run side by side: one could overtake a job the other locked and could
+    # not see, and an ordered consumer would read out of order (tests/test_claim_overtaking).
+    who = consumer(options=ConsumerOptions(ack_policy=ack_policy))
+    assert claim_sizes(20, Limits.of(who, max_claim=10)) == sizes
 
 
 def test_a_transport_that_fills_midway_leaves_the_rest_for_later() -> None:

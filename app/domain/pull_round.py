@@ -118,6 +118,20 @@ class Limits:
     max_claim: int  # jobs one claim statement may take
     parallel_claims: int = PARALLEL_CLAIMS
 
+    @classmethod
+    def of(cls, consumer: Consumer, max_claim: int) -> Limits:
+        """An AckNone consumer's claims run one at a time. Claims side by side can overtake
+        a job: the claim's walk (claimable_jobs, migration 0010) runs in a snapshot newer
+        than its statement's, so it can lock a job committed in between (a publish, a history
+        chunk) that its update cannot see; the other claim, whose statement began after that
+        commit, skips it as locked and takes the jobs after it, and the job comes in the next
+        round, after them, under consecutive delivery sequences. To an acked consumer that is
+        one job out of stream order, as a redelivery is; an ordered consumer (AckNone,
+        JetStream's way to read a stream in order) sees no gap, so nothing tells it."""
+        if consumer.options.ack_policy == "none":
+            return cls(max_claim, parallel_claims=1)
+        return cls(max_claim)
+
 
 # -- commands: what a round asks its runner to do, and what the answer is ---------------------
 

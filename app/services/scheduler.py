@@ -486,7 +486,7 @@ class ConsumerQueue:
     # -- carrying out a round ---------------------------------------------------------------
 
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
-        limits = Limits(max_claim=self.scheduler.max_claim)
+        limits = Limits.of(self.consumer, self.scheduler.max_claim)
         steps = round_steps(self.state, self.waiters, self.policy, limits)
         answer: Any = None
         while True:
