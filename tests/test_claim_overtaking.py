@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Hashable
+from typing import Any
 
 import httpx
 import psycopg
@@ -122,27 +123,13 @@ class SecondWaits(ClaimSource):
         self.finished = 0
         self.go = asyncio.Event()
 
-    async def claim(
-        self,
-        consumer: Consumer,
-        limit: int,
-        *,
-        numbered: bool,
-        max_bytes: int | None = None,
-        incremental_timeout: int = 0,
-    ) -> ClaimBatch:
+    async def claim(self, consumer: Consumer, limit: int, **terms: Any) -> ClaimBatch:
         if self.running:
             self.held += 1
             await self.go.wait()
         self.running += 1
         try:
-            return await super().claim(
-                consumer,
-                limit,
-                numbered=numbered,
-                max_bytes=max_bytes,
-                incremental_timeout=incremental_timeout,
-            )
+            return await super().claim(consumer, limit, **terms)
         finally:
             self.running -= 1
             self.finished += 1
