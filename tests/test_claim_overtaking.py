@@ -14,7 +14,7 @@ the same order comes from a commit landing between two statements sent together.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -23,13 +23,13 @@ import pytest
 from sqlalchemy import text
 
 from app.domain.models import Consumer
-from app.domain.pulls import ClaimBatch, Delivery, PullEnd
+from app.domain.pulls import ClaimBatch
 from app.runtime import Runtime
 from app.services.claiming import ClaimSource
 from app.services.scheduler import PullScheduler, Waiter
 from app.store.db import libpq_url
-from app.store.stakeholders import ConsumerStore
 from tests.helpers.pull import CHANNEL, PRODUCER, consumer_pk, publish_many, setup_channel
+from tests.helpers.sinks import Recorder
 from tests.helpers.waiting import eventually
 
 MAX_CLAIM = 10
@@ -78,39 +78,6 @@ def extra_config(rdbms: str) -> str:
     if "dialect=postgresql" not in rdbms:
         pytest.skip("the walk's own snapshot is PostgreSQL's (SQLite claims in one transaction)")
     return "max-idle-connxns=8\nmax-open-connxns=8\n"  # claims side by side need two
-
-
-class Recorded:
-    """A numbered sink that takes everything: (job id, delivery sequence) as handed out."""
-
-    numbered = True
-    claims_ahead = False
-
-    def __init__(self) -> None:
-        self.got: list[tuple[int, int]] = []
-
-    @property
-    def outlet(self) -> Hashable:
-        return self
-
-    def alive(self) -> bool:
-        return True
-
-    def ready(self) -> bool:
-        return True
-
-    def offer(self, consumer: Consumer, delivery: Delivery, bytes_left: int | None) -> int:
-        self.got.append((delivery.job.id, delivery.seq))
-        return 1
-
-    def end(self, outcome: PullEnd, waiter: Waiter, pending: int) -> None:
-        pass
-
-    def heartbeat(self, last_seq: int, last_stream_seq: int) -> None:
-        pass
-
-    async def flush(self) -> None:
-        pass
 
 
 class SecondWaits(ClaimSource):
@@ -166,8 +133,8 @@ async def staged_round(
             text("UPDATE consumer SET ack_policy = :policy WHERE pk = :pk"),
             {"policy": ack_policy, "pk": pk},
         )
-        consumer = await ConsumerStore(tx).get_by_pk(pk)
-    assert consumer is not None and consumer.options.ack_policy == ack_policy
+    consumer = await runtime.admin.get_consumer(CHANNEL, "k1")
+    assert consumer.options.ack_policy == ack_policy
     # One at a time, so that job ids follow publish order (concurrent publishes need not).
     await publish_many(runtime, EARLY, concurrency=1, prefix="early")
     await admin.execute(STAGED_WALK)
@@ -177,7 +144,7 @@ async def staged_round(
 
     claims = SecondWaits(runtime)
     scheduler = PullScheduler(claims, runtime.signals, max_claim=MAX_CLAIM, max_waiting=10)
-    sink = Recorded()
+    sink = Recorder(numbered=True)
     try:
         scheduler.submit(consumer, Waiter(sink, batch_left=JOBS))
         # The first claim's statement has begun (its snapshot taken) and waits to walk.
@@ -193,10 +160,10 @@ async def staged_round(
         await eventually(lambda: claims.finished == claims.held, what="the second claim")
         await admin.execute("SELECT pg_advisory_unlock(%s)", (WALK_ENDS,))
         scheduler.wake(pk)  # the late jobs' publish would have (LATE_JOBS notifies nobody)
-        await eventually(lambda: len(sink.got) >= JOBS, what="every job handed out")
+        await eventually(lambda: len(sink.deliveries) >= JOBS, what="every job handed out")
     finally:
         await scheduler.close()
-    return sink.got, claims.held
+    return [(d.job.id, d.seq) for d in sink.deliveries], claims.held
 
 
 async def test_side_by_side_claims_overtake_a_job_committed_during_the_first(
