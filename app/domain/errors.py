@@ -62,5 +62,11 @@ class Unavailable(BrokerError):
     ids, acks are fenced by attempt), so clients retry after a moment (HTTP 503)."""
 
 
+class Contended(Unavailable):
+    """The database broke a lock cycle (a deadlock) or a serialization conflict by rolling
+    back this transaction. Nothing it did stands, so it is run again (app/store/db.py); this
+    reaches a client only when every attempt met one (HTTP 503, as Unavailable)."""
+
+
 class TooManyWaiting(Conflict):
     """More pull requests are waiting on a consumer than max-waiting allows."""

@@ -75,9 +75,14 @@ class AckService:
             async with self._db.transaction() as tx:
                 consumer = await self._consumer(tx, creds)
                 return await _explained(JobStore(tx), consumer, items, acked)
-        async with self._db.transaction() as tx:
-            consumer = await self._consumer(tx, creds)
-            return await self._apply(tx, consumer, items)
+
+        async def apply(tx: Tx) -> list[AckOutcome]:
+            return await self._apply(tx, await self._consumer(tx, creds), items)
+
+        # One statement per kind of ack, each locking its jobs: a concurrent batch naming some
+        # of them may lock them in the other order, and PostgreSQL rolls one of the two back
+        # (in_transaction runs it again).
+        return await self._db.in_transaction(apply)
 
     async def ack_for(self, consumer: Consumer, items: Sequence[AckItem]) -> AckBatch:
         """Acks for a consumer already looked up (the NATS bridge); also reports which NAKs
@@ -88,7 +93,8 @@ class AckService:
                 return AckBatch([AckOutcome(item.id, DONE) for item in items], [])
             async with self._db.transaction() as tx:
                 return AckBatch(await _explained(JobStore(tx), consumer, items, acked), [])
-        async with self._db.transaction() as tx:
+
+        async def apply(tx: Tx) -> AckBatch:
             outcomes = await self._apply(tx, consumer, items)
             naked = [
                 o.id
@@ -100,7 +106,9 @@ class AckService:
                 for j in await JobStore(tx).many(naked, consumer.pk)
                 if j.status is JobStatus.DEAD
             ] if naked else []  # fmt: skip
-        return AckBatch(outcomes, dead)
+            return AckBatch(outcomes, dead)
+
+        return await self._db.in_transaction(apply)
 
     async def _consumer(self, tx: Tx, creds: ConsumerCredentials) -> Consumer:
         return await pull_consumer(tx, creds)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -20,7 +20,9 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.util import greenlet_spawn
 
 from app.config import DatabaseConfig
-from app.domain.errors import Unavailable, UnstorableValue
+from app.domain.errors import Contended, Unavailable, UnstorableValue
+
+_T = TypeVar("_T")
 
 NOTIFY_CHANNEL = "webhook_broker_jobs"
 # A consumer's settings changed (callback URL, tokens, secret, type, enabled) or it went:
@@ -102,6 +104,19 @@ class Database:
             alone=alone,
         )
 
+    async def in_transaction(self, work: Callable[[Tx], Awaitable[_T]]) -> _T:
+        """`work` in one transaction, run again from the start when PostgreSQL rolled the
+        transaction back to break a lock cycle (Contended): none of it stands then, and its
+        statements are conditional, so the second run decides afresh. For transactions of
+        several statements that lock jobs the way a client's request orders them (a batch of
+        mixed acks): two such batches naming the same jobs can wait on each other."""
+
+        async def once() -> _T:
+            async with self.transaction() as tx:
+                return await work(tx)
+
+        return await settled_by_running_again(once)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         with driver_errors_as_domain():
@@ -165,18 +180,23 @@ class Database:
         compilation. `sql` uses the driver's %(name)s placeholders. `prepare`: psycopg's
         (None: prepared once it has run a few times, then usually with a generic plan).
         """
-        with driver_errors_as_domain():
-            return await self._run_alone(sql, params, prepare)
-
-    async def _run_alone(
-        self, sql: str, params: dict[str, Any], prepare: bool | None
-    ) -> list[tuple[Any, ...]]:
         alone = self._alone
         if alone is not None and alone.free():
             # One of the process's own autocommit connections: no pool check-out, autocommit
             # switch or reset on return (docs/performance.md, "Why the hot paths look as they
             # do"). When all are busy, the statement runs on a pooled connection instead.
             return await alone.run(sql, params, prepare=prepare)
+        return await settled_by_running_again(lambda: self._pooled(sql, params, prepare))
+
+    async def _pooled(
+        self, sql: str, params: dict[str, Any], prepare: bool | None
+    ) -> list[tuple[Any, ...]]:
+        with driver_errors_as_domain():
+            return await self._run_pooled(sql, params, prepare)
+
+    async def _run_pooled(
+        self, sql: str, params: dict[str, Any], prepare: bool | None
+    ) -> list[tuple[Any, ...]]:
         # Straight from the pool to psycopg: a Connection and its execution options would
         # cost more Python than the statement takes on the server.
         raw = await self.engine.raw_connection()
@@ -313,6 +333,11 @@ class Held:
     ) -> list[tuple[Any, ...]]:
         """The statement (%(name)s placeholders), in its own implicit transaction. `prepare`:
         as `Database.run_alone`'s."""
+        return await settled_by_running_again(lambda: self._run_once(sql, params, prepare))
+
+    async def _run_once(
+        self, sql: str, params: dict[str, Any], prepare: bool | None
+    ) -> list[tuple[Any, ...]]:
         with driver_errors_as_domain():
             conn = await self._slots.get()
             kept: psycopg.AsyncConnection[Any] | None = None
@@ -405,6 +430,34 @@ _UNREACHABLE = (
 )
 
 
+# PostgreSQL's answers that roll a transaction back to settle a race with another one: a lock
+# cycle (40P01, found after deadlock_timeout) or a serialization conflict (40001). Whatever the
+# transaction did is undone, so it can run again (Database.in_transaction, run_alone).
+_CONTENDED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+# Runs of a statement or transaction that meets one, in all: a third meeting another cycle
+# means the workload keeps making them, which the client hears of (503) rather than waits on.
+CONTENDED_ATTEMPTS = 3
+
+
+def _contended(exc: BaseException) -> bool:
+    return isinstance(getattr(exc, "orig", exc), _CONTENDED)  # SQLAlchemy wraps the driver's
+
+
+async def settled_by_running_again(run: Callable[[], Awaitable[_T]]) -> _T:
+    """`run` (one statement in its own transaction, or one whole transaction) again when
+    PostgreSQL rolled it back to settle a race with another (Contended): nothing of it stands,
+    and every state change is conditional, so the next run decides afresh. The other side of
+    the race holds its locks until it commits; the next run waits for them as any statement
+    does."""
+    for attempt in range(1, CONTENDED_ATTEMPTS + 1):
+        try:
+            return await run()
+        except Contended:
+            if attempt == CONTENDED_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def driver_errors_as_domain() -> Iterator[None]:
     """The one driver-error boundary. A value the database cannot store or compare (a NUL in a
@@ -419,6 +472,8 @@ def driver_errors_as_domain() -> Iterator[None]:
             "the request holds a value the database cannot store or compare"
         ) from exc
     except _UNREACHABLE as exc:
+        if _contended(exc):
+            raise Contended("the request met a lock conflict in the database; retry") from exc
         raise Unavailable("the database is unavailable; retry") from exc
 
 
