@@ -105,16 +105,20 @@ async def staged_cycle(
     return response
 
 
-async def test_a_batch_of_mixed_acks_that_meets_a_lock_cycle_runs_again(
-    client: httpx.AsyncClient, runtime: Runtime, admin: psycopg.AsyncConnection
+# Either way the batch locks `low`, then waits for `high`: a mixed batch in its ACK statement
+# and then its NAK statement; a plain one in its one statement (named in that order, and in the
+# order of their ids).
+@pytest.mark.parametrize("kinds", [("ack", "nak"), ("ack", "ack")], ids=["mixed", "plain"])
+async def test_a_batch_of_acks_that_meets_a_lock_cycle_runs_again(
+    client: httpx.AsyncClient,
+    runtime: Runtime,
+    admin: psycopg.AsyncConnection,
+    kinds: tuple[str, str],
 ) -> None:
     (who,) = await setup_channel(client)
     low, high = await in_flight(client, runtime, who)
-    # The ack statement locks `low`, then the NAK statement waits for `high`.
-    acks = [
-        {"id": low["ID"], "attempt": low["Attempt"], "type": "ack"},
-        {"id": high["ID"], "attempt": high["Attempt"], "type": "nak"},
-    ]
+    jobs = list(zip((low, high), kinds, strict=True))
+    acks = [{"id": job["ID"], "attempt": job["Attempt"], "type": kind} for job, kind in jobs]
     response = await staged_cycle(
         admin,
         int(high["ID"]),
@@ -123,28 +127,6 @@ async def test_a_batch_of_mixed_acks_that_meets_a_lock_cycle_runs_again(
     )
     assert response.status_code == 200, response.text
     assert [r["status"] for r in response.json()["Results"]] == [202, 202]
-    assert (await job_row(runtime, low["ID"])).status == "DELIVERED"
-    assert (await job_row(runtime, high["ID"])).status == "QUEUED"
-
-
-async def test_a_batch_of_plain_acks_that_meets_a_lock_cycle_runs_again(
-    client: httpx.AsyncClient, runtime: Runtime, admin: psycopg.AsyncConnection
-) -> None:
-    (who,) = await setup_channel(client)
-    low, high = await in_flight(client, runtime, who)
-    # One statement: it locks `low`, then waits for `high` (named in that order, and in the
-    # order of their ids).
-    acks = [
-        {"id": low["ID"], "attempt": low["Attempt"], "type": "ack"},
-        {"id": high["ID"], "attempt": high["Attempt"], "type": "ack"},
-    ]
-    response = await staged_cycle(
-        admin,
-        int(high["ID"]),
-        int(low["ID"]),
-        lambda: client.post(f"{who.base}/ack", json={"acks": acks}, headers=who.auth),
-    )
-    assert response.status_code == 200, response.text
-    assert [r["status"] for r in response.json()["Results"]] == [202, 202]
-    for job in (low, high):
-        assert (await job_row(runtime, job["ID"])).status == "DELIVERED"
+    settled = {"ack": "DELIVERED", "nak": "QUEUED"}
+    for job, kind in jobs:
+        assert (await job_row(runtime, job["ID"])).status == settled[kind]
