@@ -3,8 +3,8 @@
 PostgreSQL breaks a lock cycle by rolling back one of its transactions (40P01), found by the
 waiting backend whose deadlock_timeout runs out first. A batch of acks of several kinds runs
 one statement per kind in one transaction, each locking its jobs; a plain batch runs one
-statement that locks its jobs in the order the request names them. Another writer locking the
-same jobs in the other order closes a cycle. The chaos test (tests/test_pull_concurrency.py)
+statement that locks its jobs one after another. Another writer locking the same jobs in the
+other order closes a cycle. The chaos test (tests/test_pull_concurrency.py)
 met one between two workers' batches and got "the database is unavailable" for an ack.
 
 Staged here with an admin connection: it locks one job; the broker's statement locks the

@@ -191,29 +191,25 @@ class Database:
     async def _pooled(
         self, sql: str, params: dict[str, Any], prepare: bool | None
     ) -> list[tuple[Any, ...]]:
-        with driver_errors_as_domain():
-            return await self._run_pooled(sql, params, prepare)
-
-    async def _run_pooled(
-        self, sql: str, params: dict[str, Any], prepare: bool | None
-    ) -> list[tuple[Any, ...]]:
         # Straight from the pool to psycopg: a Connection and its execution options would
         # cost more Python than the statement takes on the server.
-        raw = await self.engine.raw_connection()
-        try:
-            driver = raw.driver_connection
-            assert driver is not None
-            await driver.set_autocommit(True)
-            rows = await execute(driver, sql, params, prepare)
-            await driver.set_autocommit(False)
-            return rows
-        except BaseException:
-            # The pool must never get back a connection left in autocommit or mid-statement
-            # (cancelled): transactions would silently run statement by statement on it.
-            await greenlet_spawn(raw.invalidate)
-            raise
-        finally:
-            await greenlet_spawn(raw.close)
+        with driver_errors_as_domain():
+            raw = await self.engine.raw_connection()
+            try:
+                driver = raw.driver_connection
+                assert driver is not None
+                await driver.set_autocommit(True)
+                rows = await execute(driver, sql, params, prepare)
+                await driver.set_autocommit(False)
+                return rows
+            except BaseException:
+                # The pool must never get back a connection left in autocommit or
+                # mid-statement (cancelled): transactions would silently run statement by
+                # statement on it.
+                await greenlet_spawn(raw.invalidate)
+                raise
+            finally:
+                await greenlet_spawn(raw.close)
 
     async def ping(self) -> None:
         """One trivial statement on a pooled connection; raises whatever the driver raises."""
@@ -432,7 +428,7 @@ _UNREACHABLE = (
 
 # PostgreSQL's answers that roll a transaction back to settle a race with another one: a lock
 # cycle (40P01, found after deadlock_timeout) or a serialization conflict (40001). Whatever the
-# transaction did is undone, so it can run again (Database.in_transaction, run_alone).
+# transaction did is undone, so it can run again (settled_by_running_again).
 _CONTENDED = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 # Runs of a statement or transaction that meets one, in all: a third meeting another cycle
 # means the workload keeps making them, which the client hears of (503) rather than waits on.
