@@ -34,6 +34,10 @@ from app.services.bridge import BridgeService, Lookup
 log = logging.getLogger(__name__)
 
 MAX_ACKS_PER_ROUND = 500
+# Client acks waiting for their statement (the database slow or away) at most: beyond it one
+# is dropped, as nats-py drops what a subscription too far behind is sent. Its job is
+# delivered again when its ack wait ends, as after an ack lost on the way.
+MAX_QUEUED_ACKS = 65_536
 
 ConsumerLookup = Callable[[str, str], Awaitable[Lookup]]
 Publish = Callable[[str, bytes], Awaitable[None]]
@@ -80,10 +84,16 @@ class AckProcessor:
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._dropping = False
         self.applied = 0
         self._nuid = NUID()
 
     def submit(self, ack: InboundAck) -> None:
+        if len(self._queue) >= MAX_QUEUED_ACKS and not ack.sent:
+            if not self._dropping:
+                log.warning("%d acks wait for the database; dropping more", len(self._queue))
+            self._dropping = True
+            return
         self._queue.append(ack)
         self._idle.clear()
         self._ready.set()
@@ -107,6 +117,7 @@ class AckProcessor:
             batch, self._queue = self._queue, []
             try:
                 await self._process(batch)
+                self._dropping = False
             except Exception:
                 log_failure(log, "applying %d acks failed; they are retried", len(batch))
                 self._queue = batch + self._queue

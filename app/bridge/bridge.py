@@ -18,7 +18,6 @@ import contextlib
 import logging
 from typing import Any, Protocol
 
-from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -28,7 +27,7 @@ from app.bridge.activity import Activity
 from app.bridge.advisories import AdvisoryPublisher
 from app.bridge.api import ApiHandler, ConsumerCache, InfoLimits
 from app.bridge.backfill import Backfiller
-from app.bridge.client import client_options, tls_context
+from app.bridge.client import DirectClient, client_options, tls_context
 from app.bridge.engine import EngineLimits, Outbound, PullEngine
 from app.bridge.leaf import LeafCredentials, LeafLink
 from app.bridge.push import FLOW_CONTROL_PREFIX, PushDeliveries
@@ -61,7 +60,7 @@ class ClientOutbound:
     """Writes raw PUB/HPUB commands through nats-py, so statuses carry the exact status line
     (nats-py's publish() can only write `Status:` headers)."""
 
-    def __init__(self, nc: NatsClient) -> None:
+    def __init__(self, nc: DirectClient) -> None:
         self._nc = nc
         self._buffer: list[bytes] = []
         self._scheduled: asyncio.Task[None] | None = None
@@ -114,7 +113,7 @@ class Bridge:
         broker = runtime.config
         self.service = runtime.bridge_service()
         self.cache = ConsumerCache(self.service)
-        self.nc = NatsClient()
+        self.nc = DirectClient()
         self.hybrid = config.mode == "hybrid"
         self.ack_prefix = HYBRID_ACK_PREFIX if self.hybrid else config.ack_prefix
         self.leaf: LeafLink | None = None
@@ -229,13 +228,13 @@ class Bridge:
         ):
             self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=self._api_request))
         self._subs.append(
-            await self.nc.subscribe(
-                f"{api}.CONSUMER.MSG.NEXT.*.*", queue=queue, cb=self._pull_request
+            await self.nc.subscribe_direct(
+                f"{api}.CONSUMER.MSG.NEXT.*.*", queue, self._pull_request
             )
         )
         if not self.hybrid:
             self._subs.append(
-                await self.nc.subscribe(f"{self.ack_prefix}.>", queue=queue, cb=self._client_ack)
+                await self.nc.subscribe_direct(f"{self.ack_prefix}.>", queue, self._ack)
             )
         await self.nc.flush()
         log.info(
@@ -319,20 +318,20 @@ class Bridge:
         if answer is not None:
             await self.nc.publish(reply, answer)
 
-    async def _pull_request(self, msg: Msg) -> None:
-        if not msg.reply:
+    def _pull_request(self, subject: str, reply: str | None, body: bytes) -> None:
+        if not reply:
             return
-        tokens = msg.subject.split(".")
+        tokens = subject.split(".")
         key = (tokens[-2], tokens[-1])
         queued = self._awaiting_lookup.get(key)
         if queued is not None:  # keep arrival order behind a lookup in progress
-            queued.append((msg.reply, msg.data))
+            queued.append((reply, body))
             return
         cached = self.cache.fresh(*key)
         if cached is not None and cached.consumer is not None:
-            self.engine.submit(cached.consumer, msg.reply, msg.data)
+            self.engine.submit(cached.consumer, reply, body)
             return
-        self._awaiting_lookup[key] = [(msg.reply, msg.data)]
+        self._awaiting_lookup[key] = [(reply, body)]
         self._spawn(self._pull_after_lookup(key))
 
     async def _pull_after_lookup(self, key: tuple[str, str]) -> None:
@@ -367,9 +366,6 @@ class Bridge:
                 self.out.send(reply, None, p.NO_RESPONDERS, b"")
             return
         self.acks.submit(InboundAck(token, p.parse_ack(payload), reply or None))
-
-    async def _client_ack(self, msg: Msg) -> None:
-        self._ack(msg.subject, msg.reply, msg.data)
 
     def _leaf_message(
         self, subject: str, reply: str | None, header: bytes | None, payload: bytes

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
+
 from app.config import NatsConfig
+from app.logging import log_failure
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +56,39 @@ def client_options(config: NatsConfig, name: str) -> dict[str, Any]:
     if context is not None:
         options["tls"] = context
     return options
+
+
+# subject, reply (None when the message has none), payload
+DirectHandler = Callable[[str, str | None, bytes], None]
+
+
+class DirectClient(NatsClient):
+    """nats-py's client, with subscriptions whose messages go straight from its parser to a
+    plain function: no `Msg` built, no queue and no task per subscription between them. The
+    bridge takes its acks and pull requests this way; through a subscription's callback,
+    nats-py's handling of each ack cost the bridge about a fifth of its CPU per delivery
+    (docs/performance.md, "The NATS bridge"). A handler must not block and must not raise:
+    what it raises is logged and the message dropped, as nats-py's callbacks are treated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._direct: dict[int, DirectHandler] = {}
+
+    async def subscribe_direct(self, subject: str, queue: str, handler: DirectHandler) -> Any:
+        sub = await self.subscribe(subject, queue=queue)
+        self._direct[sub._id] = handler
+        return sub
+
+    async def _process_msg(  # type: ignore[no-untyped-def]  # nats-py's own signature
+        self, sid, subject, reply, data, headers
+    ) -> None:
+        handler = self._direct.get(sid)
+        if handler is None or sid not in self._subs:  # other subscriptions, or unsubscribed
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        try:
+            handler(subject.decode(), reply.decode() if reply else None, data)
+        except Exception:
+            log_failure(log, "NATS message on %r failed", subject[:200])
