@@ -290,6 +290,32 @@ CASES: dict[str, Case] = {
         claims=[[1]],
         handed=[("a", 1), ("a", 2), ("a", 5)],
     ),
+    "jobs held ready that cannot fill every request fill whole ones first, then a claim": Case(
+        [a(2), b(2), c(2)],
+        jobs=[job(n) for n in range(4, 14)],
+        ahead=[job(1), job(2), job(3)],
+        claims=[[3]],
+        # Round-robin after the claim would give a1 b2 c3 a4 b5 c6: no request filled
+        # before the claim ends.
+        handed=[("a", 1), ("a", 2), ("b", 3), ("b", 4), ("c", 5), ("c", 6)],
+        ended={"a": PullEnd.FILLED, "b": PullEnd.FILLED, "c": PullEnd.FILLED},
+    ),
+    "the claim ahead is sized for every request, those filled early included": Case(
+        [a(2, numbered=True, pulls_in_a_loop=True), b(2, numbered=True, pulls_in_a_loop=True)],
+        jobs=[job(n) for n in range(4, 14)],
+        ahead=[job(1), job(2), job(3)],
+        claims=[[1]],
+        handed=[("a", 1), ("a", 2), ("b", 3), ("b", 4)],
+        ahead_started=[[4]],
+    ),
+    "held jobs under priorities still go to the best request first": Case(
+        [a(2, terms=ranked(1)), b(2, terms=ranked(0))],
+        jobs=[job(n) for n in range(4, 14)],
+        ahead=[job(1), job(2), job(3)],
+        policy=PRIORITIZED,
+        claims=[[1]],
+        handed=[("b", 1), ("b", 2), ("a", 3), ("a", 4)],
+    ),
     "a requester pulling in a loop gets its next batch claimed ahead": Case(
         [a(2, numbered=True, pulls_in_a_loop=True)], jobs=10, claims=[[2]], ahead_started=[[2]]
     ),

@@ -75,6 +75,22 @@ class RoundRobin:
                 waiters.append(waiter)
 
 
+class FillWhole:
+    """Each request in its turn takes jobs until it is filled: how the round hands out jobs
+    claimed ahead that cannot fill every waiting request (app/domain/pull_round.py)."""
+
+    claims_ahead = True
+
+    def pick(self, waiters: deque[R], eligible: Callable[[R], bool]) -> R | None:
+        for waiter in list(waiters):
+            if eligible(waiter):
+                return waiter
+        return None
+
+    def served(self, waiters: deque[R], waiter: R) -> None:
+        pass
+
+
 class Overflow(RoundRobin):
     """Round-robin, claiming nothing ahead: jobs held for requests to come would count as
     in flight and not as pending, which is what overflow requests decide by."""

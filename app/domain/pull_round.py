@@ -14,11 +14,12 @@ What a round does, in order:
 1. The sequence numbers once (numbered requests), the overflow counts when some request waits
    for a backlog (capped), and the pin under pinned_client: a request naming another pin ends.
 2. Requests sharing the consumer's claim terms are served together: what the claim ahead
-   found is kept, then one claim for the rest of their budget (split in up to
-   PARALLEL_CLAIMS statements of max_claim), handed out one job at a time to the request the
-   `WaitPolicy` picks. A request ends when filled, with its first hand-out if it asked for
-   that, or, no_wait, when the claim found the queue drained. For requesters pulling in a
-   loop, the next requests' jobs are claimed ahead.
+   found is kept (under round-robin, when it cannot fill them all, it fills whole requests
+   first, in their order, before the claim below), then one claim for the rest of their
+   budget (split in up to PARALLEL_CLAIMS statements of max_claim), handed out one job at a
+   time to the request the `WaitPolicy` picks. A request ends when filled, with its first
+   hand-out if it asked for that, or, no_wait, when the claim found the queue drained. For
+   requesters pulling in a loop, the next requests' jobs are claimed ahead.
 3. Requests with terms of their own (max_bytes, incremental_timeout) claim alone; a byte
    budget ends them when the next job does not fit, or fills them with bytes to spare.
 4. Requests whose terms (the pin, overflow counts) keep them from jobs: a no_wait one ends;
@@ -39,7 +40,9 @@ from typing import Any, Protocol, TypeVar
 
 from app.domain.models import Consumer, ConsumerType
 from app.domain.pull_policies import (
+    FillWhole,
     Request,
+    RoundRobin,
     Terms,
     WaitPolicy,
     backlog_caps,
@@ -381,10 +384,22 @@ def round_steps(
         ahead: Sized = yield FinishAhead()
         yield from _keep(state, ahead)
         ready: int = yield ReleaseStale()
-        wanted = terms.demand(plain)
+        wanted = short = terms.demand(plain)
         drained = False
-        if ready < wanted:
-            sized: Sized = yield Claim(claim_sizes(wanted - ready, limits), numbered)
+        if 0 < ready < wanted and type(policy) is RoundRobin:
+            # Too few ready for every request: they fill whole requests first, in the order
+            # the requests wait, and those are sent while the rest is claimed. Shared out one
+            # at a time after the claim, no request was filled before it, so all of a
+            # consumer's pullers got their batches at once and came back at once: the client
+            # and the bridge took turns, each idle while the other worked (docs/performance.md,
+            # "The NATS bridge").
+            whole: WaitPolicy[W] = FillWhole()
+            early: list[Delivery] = yield TakeAhead()
+            rest = yield from _hand_out(waiters, whole, terms, early, end, alive, ends)
+            ready = yield KeepAhead(rest)
+            short = terms.demand([w for w in plain if w in waiters])
+        if ready < short:
+            sized: Sized = yield Claim(claim_sizes(short - ready, limits), numbered)
             drained, ready = yield from _keep(state, sized)
         if terms.pinning and terms.pin is None and ready:
             chosen = standby(waiters)
