@@ -34,9 +34,10 @@ from app.services.bridge import BridgeService, Lookup
 log = logging.getLogger(__name__)
 
 MAX_ACKS_PER_ROUND = 500
-# Client acks waiting for their statement (the database slow or away) at most: beyond it one
-# is dropped, as nats-py drops what a subscription too far behind is sent. Its job is
-# delivered again when its ack wait ends, as after an ack lost on the way.
+# Client acks held at most, queued or in the statement being applied (the database slow or
+# away): beyond it one is dropped, as nats-py drops what a subscription too far behind is sent,
+# and it is as if lost on the way: an ack's job is delivered again when its ack wait ends, a
+# `+WPI` does not extend the lease, an `+NXT` asks for nothing, an ack_sync waits in vain.
 MAX_QUEUED_ACKS = 65_536
 
 ConsumerLookup = Callable[[str, str], Awaitable[Lookup]]
@@ -85,15 +86,18 @@ class AckProcessor:
         self._idle = asyncio.Event()
         self._idle.set()
         self._dropping = False
+        self._applying = 0  # acks in the batch being applied
         self.applied = 0
         self._nuid = NUID()
 
     def submit(self, ack: InboundAck) -> None:
-        if len(self._queue) >= MAX_QUEUED_ACKS and not ack.sent:
-            if not self._dropping:
-                log.warning("%d acks wait for the database; dropping more", len(self._queue))
+        held = len(self._queue) + self._applying
+        if held >= MAX_QUEUED_ACKS and not ack.sent:
+            if not self._dropping:  # once while the bound holds
+                log.warning("%d acks wait for the database; dropping more", held)
             self._dropping = True
             return
+        self._dropping = False
         self._queue.append(ack)
         self._idle.clear()
         self._ready.set()
@@ -115,13 +119,16 @@ class AckProcessor:
                 self._ready.clear()
                 continue
             batch, self._queue = self._queue, []
+            self._applying = len(batch)
             try:
                 await self._process(batch)
-                self._dropping = False
             except Exception:
                 log_failure(log, "applying %d acks failed; they are retried", len(batch))
+                self._applying = 0  # queued again: counted there
                 self._queue = batch + self._queue
                 await asyncio.sleep(0.5)
+            finally:
+                self._applying = 0
 
     async def _process(self, batch: list[InboundAck]) -> None:
         by_consumer: defaultdict[tuple[str, str], list[InboundAck]] = defaultdict(list)

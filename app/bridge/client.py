@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
+from nats.aio.subscription import Subscription
 
 from app.config import NatsConfig
 from app.logging import log_failure
@@ -68,22 +69,40 @@ class DirectClient(NatsClient):
     bridge takes its acks and pull requests this way; through a subscription's callback,
     nats-py's handling of each ack cost the bridge about a fifth of its CPU per delivery
     (docs/performance.md, "The NATS bridge"). A handler must not block and must not raise:
-    what it raises is logged and the message dropped, as nats-py's callbacks are treated."""
+    what it raises is logged and the message dropped, as nats-py's callbacks are treated.
+    A direct subscription has no message limit (`unsubscribe(limit=...)` is not for it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._direct: dict[int, DirectHandler] = {}
 
-    async def subscribe_direct(self, subject: str, queue: str, handler: DirectHandler) -> Any:
-        sub = await self.subscribe(subject, queue=queue)
-        self._direct[sub._id] = handler
+    async def subscribe_direct(
+        self, subject: str, queue: str, handler: DirectHandler
+    ) -> Subscription:
+        # Registered under the sid subscribe() takes next before it runs: a message that
+        # arrives while it awaits its SUB's flush must not reach nats-py's own path, where a
+        # subscription without a callback would keep it unread.
+        sid = self._sid + 1
+        self._direct[sid] = handler
+        try:
+            sub = await self.subscribe(subject, queue=queue)
+        except BaseException:
+            self._direct.pop(sid, None)
+            raise
+        if sub._id != sid:  # not the sid foreseen: register the one it took
+            self._direct.pop(sid, None)
+            self._direct[sub._id] = handler
         return sub
 
-    async def _process_msg(  # type: ignore[no-untyped-def]  # nats-py's own signature
-        self, sid, subject, reply, data, headers
+    def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
+        self._direct.pop(sid, None)
+        super()._remove_sub(sid, max_msgs)
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
     ) -> None:
         handler = self._direct.get(sid)
-        if handler is None or sid not in self._subs:  # other subscriptions, or unsubscribed
+        if handler is None:
             await super()._process_msg(sid, subject, reply, data, headers)
             return
         self.stats["in_msgs"] += 1

@@ -46,6 +46,11 @@ class WaitPolicy(Protocol[R]):
     def claims_ahead(self) -> bool:
         """Jobs may be claimed for requests yet to come."""
 
+    @property
+    def fills_whole_first(self) -> bool:
+        """Jobs claimed ahead too few for every waiting request fill whole requests first,
+        in their order, before the claim for the rest (app/domain/pull_round.py)."""
+
     def pick(self, waiters: deque[R], eligible: Callable[[R], bool]) -> R | None:
         """The request the next delivery goes to, or None when no request can take one."""
 
@@ -58,6 +63,7 @@ class RoundRobin:
     that cannot take it (an overflow request whose terms are not met) goes to the back."""
 
     claims_ahead = True
+    fills_whole_first = True
 
     def pick(self, waiters: deque[R], eligible: Callable[[R], bool]) -> R | None:
         for _ in range(len(waiters)):
@@ -80,6 +86,7 @@ class FillWhole:
     claimed ahead that cannot fill every waiting request (app/domain/pull_round.py)."""
 
     claims_ahead = True
+    fills_whole_first = False
 
     def pick(self, waiters: deque[R], eligible: Callable[[R], bool]) -> R | None:
         for waiter in list(waiters):
@@ -96,6 +103,7 @@ class Overflow(RoundRobin):
     in flight and not as pending, which is what overflow requests decide by."""
 
     claims_ahead = False
+    fills_whole_first = False
 
 
 class Pinned(RoundRobin):
@@ -103,6 +111,7 @@ class Pinned(RoundRobin):
     the client that gets the next jobs is settled only when they are handed out."""
 
     claims_ahead = False
+    fills_whole_first = False
 
 
 class Prioritized:
@@ -110,6 +119,7 @@ class Prioritized:
     was not JSON comes last), round-robin among requests of one priority."""
 
     claims_ahead = True
+    fills_whole_first = False  # the best request takes the next job, held or claimed
 
     def pick(self, waiters: deque[R], eligible: Callable[[R], bool]) -> R | None:
         best: R | None = None

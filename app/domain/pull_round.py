@@ -42,7 +42,6 @@ from app.domain.models import Consumer, ConsumerType
 from app.domain.pull_policies import (
     FillWhole,
     Request,
-    RoundRobin,
     Terms,
     WaitPolicy,
     backlog_caps,
@@ -386,7 +385,7 @@ def round_steps(
         ready: int = yield ReleaseStale()
         wanted = short = terms.demand(plain)
         drained = False
-        if 0 < ready < wanted and type(policy) is RoundRobin:
+        if 0 < ready < wanted and policy.fills_whole_first:
             # Too few ready for every request: they fill whole requests first, in the order
             # the requests wait, and those are sent while the rest is claimed. Shared out one
             # at a time after the claim, no request was filled before it, so all of a
