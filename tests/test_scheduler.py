@@ -105,6 +105,7 @@ class NewestFirst:
     """A policy of its own: the request that came last is served first."""
 
     claims_ahead = True
+    fills_whole_first = False
 
     def pick(self, waiters: deque[Waiter], eligible: Callable[[Waiter], bool]) -> Waiter | None:
         return next((w for w in reversed(waiters) if eligible(w)), None)
