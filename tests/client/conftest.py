@@ -14,9 +14,9 @@ from tests.helpers.processes import BrokerProcess, Setup, channel_with_consumer
 EXTRA_CONFIG = "[broker]\nmax-retry=5\nretry-backoff-delays-in-seconds=1\n"
 
 
-def _process(rdbms: str, workdir: Path) -> BrokerProcess:
+def _process(rdbms: str, workdir: Path, extra: str = "") -> BrokerProcess:
     config = workdir / "broker.cfg"
-    config.write_text(rdbms + EXTRA_CONFIG)
+    config.write_text(rdbms + EXTRA_CONFIG + extra)
     process = BrokerProcess(config)
     process.start()
     return process
@@ -52,6 +52,19 @@ def private_process(rdbms: str, tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 @pytest.fixture
+def small_batch_process(rdbms: str, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker process whose [pull] max-batch (40) is below the client's batch of acks."""
+    process = _process(rdbms, tmp_path, f"[pull]\nmax-batch={SMALL_MAX_BATCH}\n")
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+SMALL_MAX_BATCH = 40
+
+
+@pytest.fixture
 def consumer_settings() -> dict[str, str]:
     return {}
 
@@ -61,6 +74,14 @@ async def setup(
     shared_process: BrokerProcess, consumer_settings: dict[str, str]
 ) -> AsyncIterator[Setup]:
     async with channel_with_consumer(shared_process, consumer_settings) as made:
+        yield made
+
+
+@pytest.fixture
+async def small_batch_setup(
+    small_batch_process: BrokerProcess, consumer_settings: dict[str, str]
+) -> AsyncIterator[Setup]:
+    async with channel_with_consumer(small_batch_process, consumer_settings) as made:
         yield made
 
 

@@ -11,6 +11,7 @@ from webhook_broker_client import (
     Broker,
     ConsumerGone,
     InvalidRequest,
+    Job,
     JobNotFound,
     PinLost,
     Published,
@@ -19,6 +20,7 @@ from webhook_broker_client import (
 )
 from webhook_broker_client.sync import SyncBroker
 
+from tests.client.conftest import SMALL_MAX_BATCH
 from tests.helpers.processes import BrokerProcess, Setup, job_state
 
 
@@ -130,11 +132,30 @@ async def test_acks_of_many_workers_are_coalesced(setup: Setup) -> None:
     before = consumer.acks.requests
     stale = jobs[0]
     await asyncio.gather(*(job.ack() for job in jobs))
-    # 150 acks at once: a batch of 100 and one of 50, not 150 requests
+    # 150 acks at once: one batch (up to the broker's default max-batch, 256), not 150 requests
     assert consumer.acks.requests - before <= 3
     info = await consumer.info()
     assert (info.pending, info.ack_pending) == (0, 0)
     assert (await job_state(setup, stale.id))["Status"] == "DELIVERED"
+
+
+async def test_acks_keep_to_a_lower_max_batch(small_batch_setup: Setup) -> None:
+    setup = small_batch_setup
+    consumer = setup.consumer
+    await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(3 * SMALL_MAX_BATCH)])
+    jobs: list[Job] = []
+    while len(jobs) < 3 * SMALL_MAX_BATCH:  # a fetch takes at most max-batch jobs too
+        jobs += await consumer.fetch(SMALL_MAX_BATCH, no_wait=True)
+    before = consumer.acks.requests
+    await asyncio.gather(*(job.ack() for job in jobs[: 2 * SMALL_MAX_BATCH]))
+    # The batch of 80 was refused whole (nothing applied), then sent as two of 40.
+    assert consumer.acks.requests - before == 3
+    await asyncio.gather(*(job.ack() for job in jobs[2 * SMALL_MAX_BATCH :]))
+    assert consumer.acks.requests - before == 4  # 40 from the start now
+    info = await consumer.info()
+    assert (info.pending, info.ack_pending) == (0, 0)
+    for job in (jobs[0], jobs[-1]):
+        assert (await job_state(setup, job.id))["Status"] == "DELIVERED"
 
 
 async def test_each_caller_gets_its_own_outcome(setup: Setup) -> None:
