@@ -42,26 +42,19 @@ def shared_process(
 
 
 @pytest.fixture
-def private_process(rdbms: str, tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker process of the test's own, for a test that stops or pauses it."""
-    process = _process(rdbms, tmp_path)
-    try:
-        yield process
-    finally:
-        process.stop()
+def private_config() -> str:
+    """Configuration the test's own process adds to the module's (a test parametrizes it)."""
+    return ""
 
 
 @pytest.fixture
-def small_batch_process(rdbms: str, tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker process whose [pull] max-batch (40) is below the client's batch of acks."""
-    process = _process(rdbms, tmp_path, f"[pull]\nmax-batch={SMALL_MAX_BATCH}\n")
+def private_process(rdbms: str, tmp_path: Path, private_config: str) -> Iterator[BrokerProcess]:
+    """A broker process of the test's own, for a test that stops or pauses it."""
+    process = _process(rdbms, tmp_path, private_config)
     try:
         yield process
     finally:
         process.stop()
-
-
-SMALL_MAX_BATCH = 40
 
 
 @pytest.fixture
@@ -74,14 +67,6 @@ async def setup(
     shared_process: BrokerProcess, consumer_settings: dict[str, str]
 ) -> AsyncIterator[Setup]:
     async with channel_with_consumer(shared_process, consumer_settings) as made:
-        yield made
-
-
-@pytest.fixture
-async def small_batch_setup(
-    small_batch_process: BrokerProcess, consumer_settings: dict[str, str]
-) -> AsyncIterator[Setup]:
-    async with channel_with_consumer(small_batch_process, consumer_settings) as made:
         yield made
 
 

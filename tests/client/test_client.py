@@ -20,7 +20,6 @@ from webhook_broker_client import (
 )
 from webhook_broker_client.sync import SyncBroker
 
-from tests.client.conftest import SMALL_MAX_BATCH
 from tests.helpers.processes import BrokerProcess, Setup, job_state
 
 
@@ -139,8 +138,12 @@ async def test_acks_of_many_workers_are_coalesced(setup: Setup) -> None:
     assert (await job_state(setup, stale.id))["Status"] == "DELIVERED"
 
 
-async def test_acks_keep_to_a_lower_max_batch(small_batch_setup: Setup) -> None:
-    setup = small_batch_setup
+SMALL_MAX_BATCH = 40  # below the client's batch of acks (up to 256)
+
+
+@pytest.mark.parametrize("private_config", [f"[pull]\nmax-batch={SMALL_MAX_BATCH}\n"])
+async def test_acks_keep_to_a_lower_max_batch(private_setup: Setup) -> None:
+    setup = private_setup
     consumer = setup.consumer
     await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(3 * SMALL_MAX_BATCH)])
     jobs: list[Job] = []
