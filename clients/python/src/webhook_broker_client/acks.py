@@ -29,7 +29,8 @@ from webhook_broker_client.errors import (
 Post = Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]]
 
 # The broker's batch ack takes up to [pull] max-batch items, 256 by default. Fewer per request
-# cost more: consume() with 100 ran 12-15% slower against 256 (docs/performance.md).
+# cost more: consume() with 100 ran 12-15% slower than with 256 (bench/journal/README.md,
+# 2026-11-28).
 MAX_ITEMS = 256
 MAX_IN_FLIGHT = 4
 # How long a batch is tried again while the broker cannot be reached (a restart, say).
