@@ -197,10 +197,17 @@ def summarize(msg: Msg) -> tuple[Any, ...]:
 
 
 async def drain(
-    nc: Client, sub: Subscription, window: float, *, ack: bool = True, keep: bool = False
+    nc: Client,
+    sub: Subscription,
+    window: float,
+    *,
+    ack: bool = True,
+    keep: bool = False,
+    until_status: bool = False,
 ) -> Seen:
-    """What arrives on `sub` within `window`; deliveries are acked so nothing stays pending.
-    The subscription ends unless `keep`."""
+    """What arrives on `sub` within `window` (or, `until_status`, up to its first status line
+    within it); deliveries are acked so nothing stays pending. The subscription ends unless
+    `keep`."""
     seen: Seen = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + window
@@ -212,6 +219,8 @@ async def drain(
         seen.append(summarize(msg))
         if ack and msg.reply:
             await nc.publish(msg.reply, b"")
+        if until_status and seen[-1][0] == "status":
+            break
     if not keep:
         await sub.unsubscribe()
     return seen
@@ -225,15 +234,20 @@ async def drain_all(
     return dict(zip(subs, seen, strict=True))
 
 
-async def request_each(nc: Client, requests: dict[str, tuple[str, bytes]]) -> dict[str, Seen]:
-    """Publish each (subject, body) with its own reply inbox; what came back within WINDOW."""
+async def send_each(nc: Client, requests: dict[str, tuple[str, bytes]]) -> dict[str, Subscription]:
+    """Publish each (subject, body), in order, with its own reply inbox: the inboxes' subs."""
     subs: dict[str, Subscription] = {}
     for label, (subject, body) in requests.items():
         inbox = nc.new_inbox()
         subs[label] = await nc.subscribe(inbox)
         await nc.publish(subject, body, reply=inbox)
     await nc.flush()
-    return await drain_all(nc, subs, WINDOW)
+    return subs
+
+
+async def request_each(nc: Client, requests: dict[str, tuple[str, bytes]]) -> dict[str, Seen]:
+    """Publish each (subject, body) with its own reply inbox; what came back within WINDOW."""
+    return await drain_all(nc, await send_each(nc, requests), WINDOW)
 
 
 async def until_status(nc: Client, sub: Subscription) -> Seen:
@@ -242,36 +256,16 @@ async def until_status(nc: Client, sub: Subscription) -> Seen:
     nats-server (a refusal at once, or 408 at its 0.2 s expiry): waiting for that event, not
     for a fixed window, keeps a busy machine's late 408 from reading as no answer, and the
     window after it still sees a second line if one comes."""
-    seen: Seen = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ENDS_WITHIN
-    while (left := deadline - loop.time()) > 0:
-        try:
-            msg = await sub.next_msg(timeout=left)
-        except NatsTimeoutError:
-            break
-        seen.append(summarize(msg))
-        if seen[-1][0] == "status":
-            break
-    return seen + await drain(nc, sub, WINDOW)
+    first = await drain(nc, sub, ENDS_WITHIN, keep=True, until_status=True)
+    return first + await drain(nc, sub, WINDOW)
 
 
 async def pull_garbage(nc: Client, publish: Publish) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    subs: dict[str, Subscription] = {}
-    for label, body in PULL_BODIES.items():
-        inbox = nc.new_inbox()
-        subs[label] = await nc.subscribe(inbox)
-        await nc.publish(NEXT, body, reply=inbox)
-    await nc.flush()
+    subs = await send_each(nc, {k: (NEXT, body) for k, body in PULL_BODIES.items()})
     refused = await asyncio.gather(*(until_status(nc, sub) for sub in subs.values()))
     out.update({f"next:{label}": seen for label, seen in zip(subs, refused, strict=True)})
-    waiting: dict[str, Subscription] = {}
-    for label, body in WAITING_BODIES.items():
-        inbox = nc.new_inbox()
-        waiting[label] = await nc.subscribe(inbox)
-        await nc.publish(NEXT, body, reply=inbox)
-    await nc.flush()
+    waiting = await send_each(nc, {k: (NEXT, body) for k, body in WAITING_BODIES.items()})
     await asyncio.sleep(WINDOW)
     for label, sub in waiting.items():
         out[f"next:{label}"] = await drain(nc, sub, 0.01, ack=False, keep=True)
