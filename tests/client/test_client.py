@@ -147,8 +147,9 @@ async def test_acks_keep_to_a_lower_max_batch(private_setup: Setup) -> None:
     consumer = setup.consumer
     await setup.broker.publish_many(setup.channel, [f"m{n}" for n in range(3 * SMALL_MAX_BATCH)])
     jobs: list[Job] = []
-    while len(jobs) < 3 * SMALL_MAX_BATCH:  # a fetch takes at most max-batch jobs too
+    for _ in range(3):  # a fetch takes at most max-batch jobs too
         jobs += await consumer.fetch(SMALL_MAX_BATCH, no_wait=True)
+    assert len(jobs) == 3 * SMALL_MAX_BATCH
     before = consumer.acks.requests
     await asyncio.gather(*(job.ack() for job in jobs[: 2 * SMALL_MAX_BATCH]))
     # The batch of 80 was refused whole (nothing applied), then sent as two of 40.
