@@ -101,6 +101,9 @@ class Runner:
         self.rates: dict[str, float] = dict(GUESS)
         self.best_clients: dict[str, int] = {}
         self.pairs: dict[str, list[dict[str, float]]] = {}
+        # Our run of each paired round, by scenario: what the targets read ours from (other
+        # sections run scenarios of the same names, some of them on purpose slower).
+        self.paired_runs: dict[str, list[Measured]] = {}
         self.plans: dict[str, list[str]] = {}
         self.profiles: dict[str, Any] = {}
         self.log: list[str] = []
@@ -547,12 +550,14 @@ class Runner:
                 if tag and s.profile and not self.profiles.get(tag):
                     # One more run of ours under py-spy (kept out of the ratios).
                     await self.profiled(ours)
+                self.paired_runs.setdefault(ours, []).append(mine)
                 self.pairs.setdefault(ours, []).append(
                     {
                         "ceiling": round(ceiling.rate, 1),
                         "ours": round(mine.rate, 1),
                         "ratio": round(mine.rate / ceiling.rate, 4) if ceiling.rate else 0.0,
                         "ceiling_clients": clients,
+                        **(paired_latency(mine, ceiling) if ours == "pull-batch" else {}),
                     }
                 )
 
@@ -1561,6 +1566,20 @@ def shorten(lines: list[str], head: int = 24, tail: int = 8) -> list[str]:
     if len(lines) <= head + tail:
         return lines
     return [*lines[:head], f"... {len(lines) - head - tail} lines ...", *lines[-tail:]]
+
+
+def paired_latency(mine: Measured, ceiling: Measured) -> dict[str, float]:
+    """Pull + batch ack: a pull's latency in our run and a script's (claim + batch ack) in
+    pgbench's beside it, p50 and p99 in ms (issue 40 asks ours at or under pgbench's)."""
+    ours, theirs = mine.latency_ms.get("pull", {}), ceiling.latency_ms.get("script", {})
+    if not ours.get("n") or not theirs.get("n"):
+        return {}
+    return {
+        "ours_p50": ours["p50"],
+        "ours_p99": ours["p99"],
+        "ceiling_p50": theirs["p50"],
+        "ceiling_p99": theirs["p99"],
+    }
 
 
 def median_ratio(pairs: list[dict[str, float]]) -> float | None:
