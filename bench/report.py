@@ -458,7 +458,7 @@ def tables(runner: Runner) -> str:
     sections += retention_sections(runner.results)
     goals = targets(runner) + floor_targets(runner)
     sections.append(
-        "Targets (issue 7)\n\n"
+        "Targets (issue 7, unless a goal names another)\n\n"
         + "\n".join(
             "| " + " | ".join(cells) + " |"
             for cells in [
