@@ -177,15 +177,11 @@ def main() -> None:
     p.add_argument("results", nargs="?", type=Path, help="a results file (default: the newest)")
     args = p.parse_args()
     if args.results:
-        picked: tuple[Path, list[Row]] | None = (
-            args.results,
-            rows(json.loads(args.results.read_text())),
-        )
+        path, found = args.results, rows(json.loads(args.results.read_text()))
     else:
-        picked = newest(RESULTS)
-    if picked is None or not picked[1]:
+        path, found = newest(RESULTS) or (RESULTS, [])
+    if not found:
         raise SystemExit("no paired rounds of publish, pull-each or pull-batch found")
-    path, found = picked
     print(f"{path.name}\n")
     print(table(found))
 
